@@ -1,0 +1,71 @@
+"""``ldp-stream`` command line.
+
+Each subcommand lives in its own module of this package and exposes
+``register(subparsers) -> None``; the parser it adds sets ``func`` (called with the parsed
+namespace, returns an exit status). Errors that a user can fix — our packages' ``ValueError``
+subclasses, ``CLIError``, ``FileNotFoundError`` — are printed as one line with exit status 2;
+Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from aggregator.errors import AggregatorError
+from ingest.errors import IngestError
+from mechanisms.errors import MechanismError
+
+# module name under aggregator.cli, in --help order
+SUBCOMMANDS = ("demo", "privacy", "broker", "produce", "work", "serve", "analyze")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with every available subcommand registered."""
+    parser = _Parser(
+        prog="ldp-stream",
+        description="Streaming engine for locally differentially private telemetry.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"aggregator.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"aggregator.cli.{name}":
+                continue  # subcommand not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``ldp-stream`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("ldp-stream: interrupted", file=sys.stderr)
+        return 130
+    except (MechanismError, IngestError, AggregatorError, FileNotFoundError, ValueError) as exc:
+        print(f"ldp-stream {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The in-memory unit of transport: a batch of privatized reports in columnar form (DESIGN §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ingest.errors import SchemaError
+from mechanisms.uldp.sparse import SparseBits
+
+CategoricalColumn = np.ndarray | SparseBits
+
+
+@dataclass(frozen=True, eq=False)
+class ReportBatch:
+    """``n`` privatized reports of one schema, column by column.
+
+    Attributes
+    ----------
+    fingerprint : bytes
+        16-byte schema fingerprint (``TelemetrySchema.fingerprint``).
+    numeric : ndarray of float64, shape (n, d)
+        Released ZIL vectors ``X̃₁`` in original units, columns in the schema's numeric-field
+        order; ``d == 0`` when the schema has no numeric field.
+    categorical : mapping str → column
+        One entry per categorical field, in schema order: uRR/RR fields hold an int32 array of
+        shape (n,) with output codes; uRAP/RAPPOR fields hold a :class:`SparseBits` with ``n``
+        reports. PUM fields use the extended domain (categories followed by the bot symbols).
+
+    Raises
+    ------
+    SchemaError
+        If the columns do not all have ``n`` rows.
+    """
+
+    fingerprint: bytes
+    numeric: np.ndarray
+    categorical: Mapping[str, CategoricalColumn] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        num = np.asarray(self.numeric, dtype=np.float64)
+        if num.ndim != 2:
+            raise SchemaError(f"numeric must have shape (n, d), got {num.shape}")
+        object.__setattr__(self, "numeric", num)
+        n = num.shape[0]
+        for name, col in self.categorical.items():
+            m = col.n if isinstance(col, SparseBits) else np.shape(col)[0]
+            if m != n:
+                raise SchemaError(f"categorical field {name!r} has {m} reports, numeric block has {n}")
+
+    @property
+    def n(self) -> int:
+        """Number of reports."""
+        return int(self.numeric.shape[0])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReportBatch):
+            return NotImplemented
+        if self.fingerprint != other.fingerprint or list(self.categorical) != list(other.categorical):
+            return False
+        if not np.array_equal(self.numeric, other.numeric):
+            return False
+        for name, col in self.categorical.items():
+            o = other.categorical[name]
+            if isinstance(col, SparseBits) != isinstance(o, SparseBits):
+                return False
+            if not (col == o if isinstance(col, SparseBits) else np.array_equal(col, o)):
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"ReportBatch(n={self.n}, d={self.numeric.shape[1]}, "
+            f"categorical={list(self.categorical)}, fingerprint={self.fingerprint.hex()[:12]})"
+        )

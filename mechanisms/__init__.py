@@ -1,0 +1,7 @@
+"""Pure mathematics of ldp-stream: local-DP samplers and randomizers, corrected losses,
+M-estimators and privacy accounting (DESIGN §2–3). No I/O; imports neither ``ingest`` nor
+``aggregator``."""
+
+from mechanisms.errors import ConvergenceWarning, MechanismError, ParameterError
+
+__all__ = ["ConvergenceWarning", "MechanismError", "ParameterError"]
