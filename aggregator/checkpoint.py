@@ -1,0 +1,333 @@
+"""Checkpoint blobs and the state-topic reader (DESIGN §5, exactly-once without transactions).
+
+A *checkpoint* is the complete state of one partition of the reports topic: the serialized
+state of every query, the number of reports folded in, and ``next_offset`` — the first offset of
+the reports partition that is **not** yet in the state. Because state and offset travel in one
+record, every checkpoint is self-consistent: restoring any of them and seeking to its
+``next_offset`` continues the stream without loss or double counting.
+
+Wire layout of one checkpoint (the value of one state-topic record)::
+
+    magic  b"LDPC"                       4 bytes
+    format version                       uint16 big-endian (currently 1)
+    header length H                      uint32 big-endian
+    header                               H bytes of UTF-8 JSON (sorted keys)
+    state blobs                          concatenated, lengths given in the header
+
+The record key is ``"<pipeline>/<partition>"`` (UTF-8), so a compacted state topic keeps exactly
+one checkpoint per partition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from aggregator.errors import StateError
+
+__all__ = [
+    "CHECKPOINT_MAGIC",
+    "CHECKPOINT_VERSION",
+    "Checkpoint",
+    "CheckpointError",
+    "StateTopicReader",
+    "checkpoint_key",
+    "parse_checkpoint_key",
+]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_MAGIC = b"LDPC"
+CHECKPOINT_VERSION = 1
+_PREFIX = struct.Struct(">4sHI")
+_MAX_HEADER = 16 * 1024 * 1024
+
+
+class CheckpointError(StateError):
+    """A state-topic record is not a valid checkpoint (bad magic, version, lengths or header)."""
+
+
+def checkpoint_key(pipeline: str, partition: int) -> bytes:
+    """Return the state-topic key ``b"<pipeline>/<partition>"``.
+
+    Parameters
+    ----------
+    pipeline : str
+        Pipeline (query-set) name; must be non-empty and must not contain ``/``.
+    partition : int
+        Reports-topic partition, ≥ 0.
+
+    Raises
+    ------
+    CheckpointError
+        If ``pipeline`` is empty or contains ``/``, or ``partition < 0``.
+    """
+    if not pipeline or "/" in pipeline:
+        raise CheckpointError(f"pipeline must be a non-empty name without '/', got {pipeline!r}")
+    if int(partition) < 0:
+        raise CheckpointError(f"partition must be >= 0, got {partition}")
+    return f"{pipeline}/{int(partition)}".encode()
+
+
+def parse_checkpoint_key(key: bytes | None) -> tuple[str, int]:
+    """Inverse of :func:`checkpoint_key`; raises :class:`CheckpointError` on a foreign key."""
+    try:
+        text = (key or b"").decode()
+        pipeline, _, part = text.rpartition("/")
+        if not pipeline or not part.isdigit():
+            raise ValueError
+        return pipeline, int(part)
+    except ValueError:
+        raise CheckpointError(f"state-topic key {key!r} is not '<pipeline>/<partition>'") from None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The state of one reports partition at one offset.
+
+    Attributes
+    ----------
+    pipeline : str
+        Pipeline (query-set) name; the key prefix.
+    partition : int
+        Reports-topic partition.
+    next_offset : int
+        First reports-topic offset not folded into ``states`` (≥ 0).
+    reports : int
+        Number of reports (not records) folded into the states.
+    records : int
+        Number of reports-topic records folded in (dead-lettered ones excluded).
+    fingerprint : bytes
+        16-byte schema fingerprint the states were built with.
+    states : mapping str → bytes
+        ``state.to_bytes()`` per query name.
+    created : float
+        Wall-clock time of the checkpoint (Unix seconds); informational only.
+    version : int
+        Format version (:data:`CHECKPOINT_VERSION`).
+
+    Source: DESIGN §5.
+    """
+
+    pipeline: str
+    partition: int
+    next_offset: int
+    reports: int
+    fingerprint: bytes
+    states: Mapping[str, bytes] = field(default_factory=dict)
+    records: int = 0
+    created: float = 0.0
+    version: int = CHECKPOINT_VERSION
+
+    @property
+    def key(self) -> bytes:
+        """State-topic key of this checkpoint."""
+        return checkpoint_key(self.pipeline, self.partition)
+
+    def to_bytes(self) -> bytes:
+        """Serialize to the wire layout described in the module docstring."""
+        names = list(self.states)
+        header = {
+            "pipeline": self.pipeline,
+            "partition": int(self.partition),
+            "next_offset": int(self.next_offset),
+            "reports": int(self.reports),
+            "records": int(self.records),
+            "fingerprint": bytes(self.fingerprint).hex(),
+            "created": float(self.created or time.time()),
+            "queries": [[name, len(self.states[name])] for name in names],
+        }
+        hdr = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        blobs = b"".join(bytes(self.states[name]) for name in names)
+        return _PREFIX.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, len(hdr)) + hdr + blobs
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Checkpoint:
+        """Parse a checkpoint blob.
+
+        Raises
+        ------
+        CheckpointError
+            On a wrong magic, an unknown version, a truncated or over-long record, or a header
+            with missing or ill-typed fields.
+        """
+        if data is None or len(data) < _PREFIX.size:
+            raise CheckpointError(f"checkpoint too short ({0 if data is None else len(data)} bytes)")
+        magic, version, hlen = _PREFIX.unpack_from(data, 0)
+        if magic != CHECKPOINT_MAGIC:
+            raise CheckpointError(f"bad checkpoint magic {magic!r}")
+        if version != CHECKPOINT_VERSION:
+            raise CheckpointError(f"unsupported checkpoint version {version} (known: {CHECKPOINT_VERSION})")
+        if hlen > _MAX_HEADER or _PREFIX.size + hlen > len(data):
+            raise CheckpointError("checkpoint header length exceeds the record")
+        try:
+            header = json.loads(bytes(data[_PREFIX.size : _PREFIX.size + hlen]))
+            queries = [(str(q), int(n)) for q, n in header["queries"]]
+            fp = bytes.fromhex(header["fingerprint"])
+            meta = {
+                "pipeline": str(header["pipeline"]),
+                "partition": int(header["partition"]),
+                "next_offset": int(header["next_offset"]),
+                "reports": int(header["reports"]),
+                "records": int(header.get("records", 0)),
+                "created": float(header.get("created", 0.0)),
+            }
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"bad checkpoint header: {exc}") from None
+        if meta["next_offset"] < 0 or meta["reports"] < 0 or any(n < 0 for _, n in queries):
+            raise CheckpointError("checkpoint header holds a negative count")
+        pos = _PREFIX.size + hlen
+        states: dict[str, bytes] = {}
+        for name, n in queries:
+            if pos + n > len(data):
+                raise CheckpointError(f"checkpoint truncated inside the state of query {name!r}")
+            states[name] = bytes(data[pos : pos + n])
+            pos += n
+        if pos != len(data):
+            raise CheckpointError(f"checkpoint has {len(data) - pos} trailing bytes")
+        return cls(fingerprint=fp, states=states, version=version, **meta)
+
+    def __repr__(self) -> str:
+        try:
+            return (
+                f"Checkpoint(key={self.pipeline}/{self.partition}, next_offset={self.next_offset}, "
+                f"reports={self.reports}, queries={list(self.states)})"
+            )
+        except Exception:  # pragma: no cover - repr never raises
+            return "Checkpoint(<unprintable>)"
+
+
+class StateTopicReader:
+    """Keep the latest checkpoint per key of a state topic, reading it to its end on demand.
+
+    A consumer without a group is assigned every partition of the topic and reads from the
+    beginning; :meth:`catch_up` polls until each partition's position reaches its end. The end is
+    the larger of ``end_offsets()`` taken at the start of the call and the high watermark carried
+    by fetch responses (``consumer.highwater``) — Tansu's ``end_offsets`` can be too small
+    (DESIGN §6), the fetch high watermark is right; tolerating both works on either broker.
+
+    Parameters
+    ----------
+    consumer : kafka.KafkaConsumer
+        A consumer created **without** ``group_id`` (``enable_auto_commit=False``). The reader owns
+        it from now on and closes it in :meth:`close`.
+    topic : str
+        State-topic name.
+    pipeline : str or None
+        Keep only keys of this pipeline (``None``: every key).
+
+    Attributes
+    ----------
+    latest : dict bytes → bytes
+        Latest raw value per key (undecoded, so that a decode failure can be handled by the
+        caller: rebuild for a worker, skip for serve).
+    offsets : dict bytes → int
+        State-topic offset of that latest value.
+
+    Raises
+    ------
+    aggregator.errors.AggregatorError
+        From :meth:`catch_up` if the topic has no partitions or the end is not reached in time.
+    """
+
+    def __init__(self, consumer, topic: str, pipeline: str | None = None) -> None:
+        from kafka import TopicPartition
+
+        if not topic:
+            raise CheckpointError("topic must be a non-empty topic name")
+        self.consumer = consumer
+        self.topic = topic
+        self.pipeline = pipeline
+        self.latest: dict[bytes, bytes] = {}
+        self.offsets: dict[bytes, int] = {}
+        self._tp_cls = TopicPartition
+        self._tps: list = []
+        self.records_read = 0
+
+    def _assign(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        parts = self.consumer.partitions_for_topic(self.topic)
+        while not parts and time.monotonic() < deadline:
+            time.sleep(0.1)
+            parts = self.consumer.partitions_for_topic(self.topic)
+        if not parts:
+            raise StateError(f"state topic {self.topic!r} has no partitions (does it exist?)")
+        tps = sorted(self._tp_cls(self.topic, p) for p in parts)
+        if tps != self._tps:
+            self.consumer.assign(tps)
+            for tp in tps:
+                if tp not in self._tps:
+                    self.consumer.seek_to_beginning(tp)
+            self._tps = tps
+
+    def _ingest(self, records: Iterable) -> int:
+        n = 0
+        for rec in records:
+            n += 1
+            key = rec.key
+            if key is None or rec.value is None:
+                continue
+            if self.pipeline is not None:
+                try:
+                    pipeline, _ = parse_checkpoint_key(key)
+                except CheckpointError:
+                    continue
+                if pipeline != self.pipeline:
+                    continue
+            self.latest[key] = rec.value
+            self.offsets[key] = rec.offset
+        self.records_read += n
+        return n
+
+    def poll(self, timeout_ms: int = 200) -> int:
+        """Poll once and fold new records in; returns the number of records read."""
+        if not self._tps:
+            self._assign(5.0)
+        got = self.consumer.poll(timeout_ms=timeout_ms)
+        return sum(self._ingest(recs) for recs in got.values())
+
+    def catch_up(self, timeout_s: float = 30.0) -> int:
+        """Read every partition to its current end; returns the number of records read.
+
+        Raises
+        ------
+        StateError
+            If the end is not reached within ``timeout_s`` seconds.
+        """
+        self._assign(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        try:
+            floor = self.consumer.end_offsets(self._tps)
+        except Exception:  # an optional lower bound only
+            floor = {}
+        total = 0
+        fresh: set = set()
+        while True:
+            got = self.consumer.poll(timeout_ms=100)
+            total += sum(self._ingest(recs) for recs in got.values())
+            done = True
+            for tp in self._tps:
+                hw = self.consumer.highwater(tp)
+                if hw is not None:
+                    fresh.add(tp)
+                target = max(int(floor.get(tp) or 0), int(hw or 0))
+                if tp not in fresh or self.consumer.position(tp) < target:
+                    done = False
+            if done:
+                return total
+            if time.monotonic() > deadline:
+                raise StateError(f"could not read state topic {self.topic!r} to its end in {timeout_s}s")
+
+    def close(self) -> None:
+        """Close the underlying consumer (idempotent)."""
+        try:
+            self.consumer.close()
+        except Exception:  # closing is best effort
+            log.debug("closing state-topic consumer failed", exc_info=True)
+
+    def __repr__(self) -> str:
+        return f"StateTopicReader(topic={self.topic!r}, keys={len(self.latest)})"

@@ -1,0 +1,250 @@
+"""Prometheus metrics of the worker and of serve (DESIGN §5 names: prefix ``ldp_``, base units,
+``_total`` counters).
+
+Every metrics object owns a private :class:`prometheus_client.CollectorRegistry` (never the global
+one), so several workers or servers can live in one process (tests) and each exposes only its own
+families. Workers export their operational metrics; serve exports the merged estimates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from aggregator.errors import ConfigError
+
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "METRIC_NAMES",
+    "SERVE_METRIC_NAMES",
+    "WORKER_METRIC_NAMES",
+    "ServeMetrics",
+    "WorkerMetrics",
+    "start_metrics_server",
+]
+
+log = logging.getLogger(__name__)
+
+#: Exposed family names of :class:`WorkerMetrics` (counters carry their ``_total`` suffix).
+WORKER_METRIC_NAMES: tuple[str, ...] = (
+    "ldp_reports_processed_total",
+    "ldp_records_processed_total",
+    "ldp_records_dead_lettered_total",
+    "ldp_duplicates_skipped_total",
+    "ldp_checkpoints_total",
+    "ldp_checkpoint_duration_seconds",
+    "ldp_rebalances_total",
+    "ldp_consumer_lag_records",
+    "ldp_last_processed_timestamp_seconds",
+    "ldp_offset_gap_records_total",
+    "ldp_state_records_invalid_total",
+    "ldp_owned_partitions",
+)
+#: Exposed family names of :class:`ServeMetrics`.
+SERVE_METRIC_NAMES: tuple[str, ...] = (
+    "ldp_estimate",
+    "ldp_estimate_stderr",
+    "ldp_estimate_ci_lower",
+    "ldp_estimate_ci_upper",
+    "ldp_estimate_reports",
+    "ldp_state_records_invalid_total",
+    "ldp_state_partitions",
+)
+#: Every family name registered by this module.
+METRIC_NAMES: tuple[str, ...] = tuple(dict.fromkeys(WORKER_METRIC_NAMES + SERVE_METRIC_NAMES))
+
+
+def _base(name: str) -> str:
+    # prometheus_client appends ``_total`` to counters itself
+    return name[: -len("_total")] if name.endswith("_total") else name
+
+
+class WorkerMetrics:
+    """Operational metrics of one worker process (DESIGN §5).
+
+    Parameters
+    ----------
+    registry : CollectorRegistry or None
+        Registry to register in; ``None`` creates a private one (attribute ``registry``).
+
+    Attributes
+    ----------
+    reports, records, duplicates, checkpoints, rebalances : Counter
+        ``ldp_reports_processed_total`` (privatized reports folded into state),
+        ``ldp_records_processed_total`` (Kafka records decoded), ``ldp_duplicates_skipped_total``
+        (records below ``next_offset``), ``ldp_checkpoints_total``, ``ldp_rebalances_total``.
+    dead_lettered : Counter, label ``reason``
+        ``ldp_records_dead_lettered_total``: undecodable records sent to the dead-letter topic.
+    offset_gap : Counter, label ``partition``
+        ``ldp_offset_gap_records_total``: records skipped because they were gone from the log
+        (retention) when the worker resumed.
+    state_invalid : Counter
+        ``ldp_state_records_invalid_total``: state-topic records that failed to decode.
+    checkpoint_duration : Histogram
+        ``ldp_checkpoint_duration_seconds``: publish + flush + commit time, seconds.
+    lag : Gauge, label ``partition``
+        ``ldp_consumer_lag_records``: fetch high watermark − next offset.
+    last_processed : Gauge
+        ``ldp_last_processed_timestamp_seconds``: Unix time of the last processed record.
+    owned : Gauge
+        ``ldp_owned_partitions``: partitions currently owned.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.reports = Counter(_base("ldp_reports_processed_total"), "Privatized reports folded into state.",
+                               registry=r)
+        self.records = Counter(_base("ldp_records_processed_total"),
+                               "Reports-topic records decoded and folded into state.", registry=r)
+        self.dead_lettered = Counter(_base("ldp_records_dead_lettered_total"),
+                                     "Undecodable records sent to the dead-letter topic.", ["reason"],
+                                     registry=r)
+        self.duplicates = Counter(_base("ldp_duplicates_skipped_total"),
+                                  "Records below a partition's next_offset, skipped.", registry=r)
+        self.checkpoints = Counter(_base("ldp_checkpoints_total"), "Partition checkpoints published.",
+                                   registry=r)
+        self.checkpoint_duration = Histogram(
+            "ldp_checkpoint_duration_seconds", "Checkpoint publish + flush + commit time.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r,
+        )
+        self.rebalances = Counter(_base("ldp_rebalances_total"), "Partition assignments and revocations.",
+                                  registry=r)
+        self.lag = Gauge("ldp_consumer_lag_records", "High watermark minus next offset.", ["partition"],
+                         registry=r)
+        self.last_processed = Gauge("ldp_last_processed_timestamp_seconds",
+                                    "Unix time at which the last record was processed.", registry=r)
+        self.offset_gap = Counter(_base("ldp_offset_gap_records_total"),
+                                  "Records lost to retention before they were processed.", ["partition"],
+                                  registry=r)
+        self.state_invalid = Counter(_base("ldp_state_records_invalid_total"),
+                                     "State-topic records that failed to decode.", registry=r)
+        self.owned = Gauge("ldp_owned_partitions", "Partitions currently owned.", registry=r)
+
+    def exposition(self) -> bytes:
+        """Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)
+
+    def __repr__(self) -> str:
+        return "WorkerMetrics()"
+
+
+class ServeMetrics:
+    """Merged-estimate gauges of serve (DESIGN §5).
+
+    Gauges ``ldp_estimate``, ``ldp_estimate_stderr``, ``ldp_estimate_ci_lower``,
+    ``ldp_estimate_ci_upper`` carry labels ``query`` and ``param`` (one series per estimated
+    parameter); ``ldp_estimate_reports{query}`` is the number of reports behind the estimate.
+
+    Parameters
+    ----------
+    registry : CollectorRegistry or None
+        ``None`` creates a private registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        labels = ["query", "param"]
+        self.value = Gauge("ldp_estimate", "Merged estimate.", labels, registry=r)
+        self.stderr = Gauge("ldp_estimate_stderr", "Standard error of the merged estimate.", labels,
+                            registry=r)
+        self.ci_lower = Gauge("ldp_estimate_ci_lower", "Lower confidence bound.", labels, registry=r)
+        self.ci_upper = Gauge("ldp_estimate_ci_upper", "Upper confidence bound.", labels, registry=r)
+        self.reports = Gauge("ldp_estimate_reports", "Reports behind the merged estimate.", ["query"],
+                             registry=r)
+        self.state_invalid = Counter(_base("ldp_state_records_invalid_total"),
+                                     "State-topic records that failed to decode.", registry=r)
+        self.partitions = Gauge("ldp_state_partitions", "Partition checkpoints merged per query.",
+                                ["query"], registry=r)
+
+    def set_estimate(self, query: str, estimate: Mapping) -> None:
+        """Publish one query's estimate.
+
+        Parameters
+        ----------
+        query : str
+            Query name.
+        estimate : mapping
+            ``Estimate.to_dict()``-like: ``value``, ``stderr``, ``ci_low``, ``ci_high`` (scalars
+            or equal-length sequences), ``n`` and optional ``params`` (names of the entries;
+            default ``"value"`` for a scalar, ``"0", "1", …`` otherwise). Non-finite entries are
+            skipped (a gauge is never set to NaN).
+        """
+        vals = _as_list(estimate.get("value"))
+        default = ["value"] if len(vals) == 1 else [str(i) for i in range(len(vals))]
+        params = estimate.get("params") or default
+        params = [str(p) for p in params]
+        for gauge, key in ((self.value, "value"), (self.stderr, "stderr"), (self.ci_lower, "ci_low"),
+                           (self.ci_upper, "ci_high")):
+            for p, v in zip(params, _as_list(estimate.get(key))):
+                if v is not None and math.isfinite(v):
+                    gauge.labels(query=query, param=p).set(v)
+        n = estimate.get("n")
+        if n is not None:
+            self.reports.labels(query=query).set(float(n))
+
+    def exposition(self) -> bytes:
+        """Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)
+
+    def __repr__(self) -> str:
+        return "ServeMetrics()"
+
+
+def _as_list(v) -> list:
+    if v is None:
+        return []
+    if isinstance(v, Mapping):
+        v = list(v.values())
+    if isinstance(v, (list, tuple)):
+        out = []
+        for x in v:
+            out.extend(_as_list(x) if isinstance(x, (list, tuple)) else [_num(x)])
+        return out
+    try:
+        import numpy as np
+
+        arr = np.asarray(v, dtype=float).ravel()
+        return [float(x) for x in arr]
+    except (TypeError, ValueError):
+        return [_num(v)]
+
+
+def _num(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def start_metrics_server(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):
+    """Expose ``registry`` on ``http://host:port/metrics`` in a daemon thread.
+
+    Parameters
+    ----------
+    registry : CollectorRegistry
+    port : int
+        TCP port in [0, 65535]; 0 picks a free port (read it back from ``server.server_port``).
+    host : str
+        Bind address; ``127.0.0.1`` by default.
+
+    Returns
+    -------
+    (server, thread)
+        ``server.shutdown()`` stops it.
+
+    Raises
+    ------
+    ConfigError
+        If ``port`` is outside [0, 65535].
+    """
+    from prometheus_client import start_http_server
+
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"metrics port must be an integer in [0, 65535], got {port!r}")
+    return start_http_server(port, addr=host, registry=registry)

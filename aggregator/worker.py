@@ -1,0 +1,768 @@
+"""Exactly-once consumer-group worker (DESIGN §5).
+
+The worker is a kafka-python ``KafkaConsumer`` in a consumer group over the reports topic, with
+``enable_auto_commit=False``. It keeps, **per owned partition**, the state of every query together
+with ``next_offset`` (the first offset not yet folded in):
+
+* records below ``next_offset`` are skipped and counted (``ldp_duplicates_skipped_total``);
+* each record is decoded (a batch of reports), ``X̃₂ = zil.double(X̃₁, rng=doubling_rng(record))``
+  is drawn once per record — seeded by the record bytes, so a replay is bit-identical — and all
+  query states are updated with the batch;
+* undecodable records go to the dead-letter topic (value = original bytes, headers ``reason``,
+  ``source_topic``, ``source_partition``, ``source_offset``) and are counted by reason; the worker
+  goes on;
+* every ``checkpoint_interval_s`` seconds or ``checkpoint_reports`` reports, each owned partition's
+  :class:`~aggregator.checkpoint.Checkpoint` is published to the state topic (key
+  ``"<pipeline>/<partition>"``), the producer is flushed, and **only then** are group offsets
+  committed;
+* on assignment the latest checkpoint of the partition is read from the state topic (to its end)
+  and the consumer seeks to its ``next_offset`` (no checkpoint: from the earliest offset; an
+  undecodable checkpoint: logged, counted, rebuilt from the earliest offset); on revocation the
+  partition is checkpointed; on loss it is dropped;
+* :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``.
+
+kafka-python 3.x runs rebalance callbacks on its network loop, so the callbacks only pause the
+new partitions and flag them (restore happens in the main loop), or publish the small checkpoint
+records of revoked partitions through the separate producer client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader, checkpoint_key
+from aggregator.errors import AggregatorError, ConfigError, StateError
+from aggregator.metrics import WorkerMetrics
+from ingest.batch import ReportBatch
+from ingest.errors import DecodeError
+from mechanisms.uldp.sparse import SparseBits
+
+__all__ = [
+    "PartitionState",
+    "PipelineRuntime",
+    "Worker",
+    "concat_batches",
+]
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# pipeline runtime: decode, double, build and restore states
+# --------------------------------------------------------------------------------------------------
+class PipelineRuntime:
+    """Everything the worker needs to know about the pipeline, independent of Kafka.
+
+    Parameters
+    ----------
+    name : str
+        Pipeline (query-set) name: prefix of the state-topic keys. Non-empty, no ``/``.
+    fingerprint : bytes
+        16-byte fingerprint of the schema the states are built for.
+    decode : callable bytes → ReportBatch
+        Decoder of one reports-topic record; raises :class:`ingest.errors.DecodeError` (with a
+        ``reason``) on anything it refuses, including unknown fingerprints.
+    new_states : callable () → dict str → state
+        Fresh (empty) state per query name.
+    restore_state : callable (name, bytes) → state
+        Inverse of ``state.to_bytes()`` for the query ``name``; raises on a corrupt blob.
+    double : callable (ReportBatch, bytes) → ndarray (n, d)
+        ``X̃₂`` of the batch, seeded from the record bytes (DESIGN §2 doubling).
+    queries : mapping or None
+        Query specs by name (informational; used by analyze/serve).
+    schema : object or None
+        The ``TelemetrySchema`` (for ``privacy_summary``).
+
+    Raises
+    ------
+    ConfigError
+        If ``name`` is empty or contains ``/`` or ``fingerprint`` is not 16 bytes.
+    """
+
+    def __init__(self, name: str, fingerprint: bytes, decode: Callable[[bytes], ReportBatch],
+                 new_states: Callable[[], dict], restore_state: Callable[[str, bytes], Any],
+                 double: Callable[[ReportBatch, bytes], np.ndarray], queries: Mapping | None = None,
+                 schema: Any = None) -> None:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ConfigError(f"pipeline name must be a non-empty string without '/', got {name!r}")
+        if not isinstance(fingerprint, bytes) or len(fingerprint) != 16:
+            raise ConfigError(f"fingerprint must be 16 bytes, got {fingerprint!r}")
+        self.name = name
+        self.fingerprint = fingerprint
+        self.decode = decode
+        self.new_states = new_states
+        self.restore_state = restore_state
+        self.double = double
+        self.queries = dict(queries or {})
+        self.schema = schema
+
+    @classmethod
+    def from_config(cls, config) -> PipelineRuntime:
+        """Build the runtime of a :class:`aggregator.config.PipelineConfig`.
+
+        Uses ``ingest.codec.decode`` with the pipeline's schema as the only known schema,
+        ``aggregator.state.build_state(query, schema)`` and the state classes' ``from_bytes``,
+        and ``schema.zil_mechanism().double`` seeded by ``aggregator.state.doubling_rng``.
+
+        Raises
+        ------
+        ConfigError
+            If the configuration cannot be turned into states (propagated from the builders).
+        """
+        from aggregator import state as state_mod
+        from ingest import codec
+
+        schema = _config_schema(config)
+        queries = _config_queries(config)
+        fp = bytes(schema.fingerprint)
+        known = {fp: schema}
+        try:
+            mech = schema.zil_mechanism()
+        except Exception as exc:  # schemas without numeric fields have no ZIL vector
+            log.debug("schema has no ZIL mechanism: %s", exc)
+            mech = None
+
+        # build once so configuration errors surface at construction
+        prototypes = {name: state_mod.build_state(q, schema) for name, q in queries.items()}
+
+        def new_states() -> dict:
+            return {name: state_mod.build_state(q, schema) for name, q in queries.items()}
+
+        def restore_state(name: str, blob: bytes):
+            q = queries[name]
+            restore = getattr(state_mod, "state_from_bytes", None)
+            if restore is not None:
+                return restore(blob, q, schema)
+            return type(prototypes[name]).from_bytes(blob, q, schema)
+
+        def double(batch: ReportBatch, record: bytes) -> np.ndarray:
+            if mech is None or batch.numeric.shape[1] == 0 or batch.n == 0:
+                return batch.numeric.copy()
+            return mech.double(batch.numeric, rng=state_mod.doubling_rng(record))
+
+        return cls(
+            name=_config_pipeline_name(config),
+            fingerprint=fp,
+            decode=lambda data: codec.decode(data, known),
+            new_states=new_states,
+            restore_state=restore_state,
+            double=double,
+            queries=queries,
+            schema=schema,
+        )
+
+    def __repr__(self) -> str:
+        return f"PipelineRuntime(name={self.name!r}, queries={list(self.queries)})"
+
+
+def _config_schema(config):
+    for attr in ("load_schema", "schema_obj", "telemetry_schema"):
+        obj = getattr(config, attr, None)
+        if callable(obj):
+            return obj()
+        if obj is not None:
+            return obj
+    pipe = getattr(config, "pipeline", None)
+    schema = (getattr(config, "schema", None) or getattr(pipe, "schema", None)
+              or getattr(pipe, "schema_path", None))
+    if schema is None:
+        raise ConfigError("pipeline config has no schema")
+    if hasattr(schema, "fingerprint"):
+        return schema
+    from ingest.schema import TelemetrySchema
+
+    return TelemetrySchema.load(schema)
+
+
+def _config_queries(config) -> dict:
+    qs = getattr(config, "queries", None)
+    if qs is None:
+        raise ConfigError("pipeline config has no queries")
+    if isinstance(qs, Mapping):
+        return dict(qs)
+    return {q.name: q for q in qs}
+
+
+def _config_pipeline_name(config) -> str:
+    pipe = getattr(config, "pipeline", None)
+    name = getattr(pipe, "name", None) or getattr(config, "name", None)
+    return str(name or "pipeline")
+
+
+# --------------------------------------------------------------------------------------------------
+# batches
+# --------------------------------------------------------------------------------------------------
+def concat_batches(batches: list[ReportBatch]) -> ReportBatch:
+    """Concatenate report batches of one schema into one (row order preserved).
+
+    Parameters
+    ----------
+    batches : list of ReportBatch
+        Non-empty; all with the same fingerprint, numeric width and categorical fields.
+
+    Returns
+    -------
+    ReportBatch
+        ``n = Σ nᵢ``; numeric blocks stacked, code arrays concatenated, :class:`SparseBits`
+        columns joined (offsets shifted).
+
+    Raises
+    ------
+    StateError
+        If the batches do not share one layout.
+    """
+    if not batches:
+        raise StateError("concat_batches needs at least one batch")
+    if len(batches) == 1:
+        return batches[0]
+    first = batches[0]
+    for b in batches[1:]:
+        if (b.fingerprint != first.fingerprint or b.numeric.shape[1] != first.numeric.shape[1]
+                or list(b.categorical) != list(first.categorical)):
+            raise StateError("cannot concatenate report batches of different layouts")
+    numeric = np.concatenate([b.numeric for b in batches], axis=0)
+    cats: dict = {}
+    for name, col in first.categorical.items():
+        if isinstance(col, SparseBits):
+            idx, offs, base = [], [np.zeros(1, np.int64)], 0
+            for b in batches:
+                sb = b.categorical[name]
+                idx.append(sb.indices)
+                offs.append(sb.offsets[1:] + base)
+                base += int(sb.offsets[-1])
+            cats[name] = SparseBits(np.concatenate(idx), np.concatenate(offs), col.k)
+        else:
+            cats[name] = np.concatenate([np.asarray(b.categorical[name]) for b in batches])
+    return ReportBatch(first.fingerprint, numeric, cats)
+
+
+# --------------------------------------------------------------------------------------------------
+# per-partition state
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class PartitionState:
+    """The state of one owned reports partition.
+
+    Attributes
+    ----------
+    partition : int
+    next_offset : int
+        First offset not folded into ``states``.
+    states : dict str → state
+        One state per query.
+    reports : int
+        Reports folded in (all time, restored from the checkpoint).
+    records : int
+        Records folded in (all time).
+    dirty : bool
+        Whether anything changed since the last checkpoint.
+    """
+
+    partition: int
+    next_offset: int
+    states: dict = field(default_factory=dict)
+    reports: int = 0
+    records: int = 0
+    dirty: bool = False
+
+    def to_checkpoint(self, runtime: PipelineRuntime) -> Checkpoint:
+        """Serialize into a :class:`Checkpoint` of ``runtime``'s pipeline."""
+        return Checkpoint(
+            pipeline=runtime.name, partition=self.partition, next_offset=self.next_offset,
+            reports=self.reports, records=self.records, fingerprint=runtime.fingerprint,
+            states={name: st.to_bytes() for name, st in self.states.items()}, created=time.time(),
+        )
+
+    def __repr__(self) -> str:
+        return (f"PartitionState(partition={self.partition}, next_offset={self.next_offset}, "
+                f"reports={self.reports}, queries={list(self.states)})")
+
+
+# --------------------------------------------------------------------------------------------------
+# the worker
+# --------------------------------------------------------------------------------------------------
+class _Listener:
+    """Rebalance listener; runs on kafka-python's network loop, so it only does short work."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def on_partitions_assigned(self, assigned) -> None:
+        self.worker._on_assigned(assigned)
+
+    def on_partitions_revoked(self, revoked) -> None:
+        self.worker._on_revoked(revoked)
+
+    def on_partitions_lost(self, lost) -> None:
+        self.worker._on_lost(lost)
+
+
+class Worker:
+    """Exactly-once consumer-group worker over one reports topic (DESIGN §5).
+
+    Parameters
+    ----------
+    runtime : PipelineRuntime
+        Decoder, doubling and state builders of the pipeline.
+    client_config : mapping
+        kafka-python client settings shared by the consumer and producers (at least
+        ``bootstrap_servers``; e.g. ``KafkaSettings.consumer_config()``). Group-timing settings
+        (``FAST_GROUP_SETTINGS``) go here too.
+    reports_topic, state_topic, dead_letter_topic : str
+        Topic names.
+    group_id : str
+        Consumer group.
+    checkpoint_interval_s : float
+        Checkpoint at least this often while there is new data (> 0 seconds).
+    checkpoint_reports : int
+        … or after this many reports (≥ 1) since the last checkpoint.
+    max_record_bytes : int
+        Records larger than this are dead-lettered with reason ``"oversized"`` (≥ 1 byte).
+    coalesce : bool
+        Concatenate the decoded batches of one poll and partition into one update (fast). With
+        ``False`` every record is its own update, which makes the float sums independent of poll
+        boundaries and restarts (bit-identical replays).
+    max_poll_records : int
+        ``max_records`` per ``poll`` (≥ 1).
+    metrics : WorkerMetrics or None
+        ``None`` creates one with a private registry.
+    producer_config : mapping or None
+        Extra kafka-python producer settings (``acks`` defaults to ``"all"``).
+
+    Raises
+    ------
+    ConfigError
+        If a parameter is out of range (the message names it).
+
+    Notes
+    -----
+    Records of the dead-letter topic are at-least-once (a crash after producing them and before
+    the next checkpoint re-sends them); states are exactly-once.
+    """
+
+    def __init__(self, runtime: PipelineRuntime, client_config: Mapping[str, Any], *,
+                 reports_topic: str, state_topic: str, dead_letter_topic: str, group_id: str,
+                 checkpoint_interval_s: float = 5.0, checkpoint_reports: int = 100_000,
+                 max_record_bytes: int = 16 * 1024 * 1024, coalesce: bool = True,
+                 max_poll_records: int = 500, metrics: WorkerMetrics | None = None,
+                 producer_config: Mapping[str, Any] | None = None,
+                 consumer_config: Mapping[str, Any] | None = None) -> None:
+        for arg, val in (("reports_topic", reports_topic), ("state_topic", state_topic),
+                         ("dead_letter_topic", dead_letter_topic), ("group_id", group_id)):
+            if not isinstance(val, str) or not val:
+                raise ConfigError(f"{arg} must be a non-empty string, got {val!r}")
+        if len({reports_topic, state_topic, dead_letter_topic}) != 3:
+            raise ConfigError("reports_topic, state_topic and dead_letter_topic must be three different "
+                              "topics")
+        if not (isinstance(checkpoint_interval_s, int | float) and checkpoint_interval_s > 0):
+            raise ConfigError(f"checkpoint_interval_s must be > 0 seconds, got {checkpoint_interval_s!r}")
+        if not (isinstance(checkpoint_reports, int) and checkpoint_reports >= 1):
+            raise ConfigError(f"checkpoint_reports must be an integer >= 1, got {checkpoint_reports!r}")
+        if not (isinstance(max_record_bytes, int) and max_record_bytes >= 1):
+            raise ConfigError(f"max_record_bytes must be an integer >= 1, got {max_record_bytes!r}")
+        if not (isinstance(max_poll_records, int) and max_poll_records >= 1):
+            raise ConfigError(f"max_poll_records must be an integer >= 1, got {max_poll_records!r}")
+        if "bootstrap_servers" not in client_config:
+            raise ConfigError("client_config must contain bootstrap_servers")
+        self.runtime = runtime
+        self.client_config = dict(client_config)
+        self.reports_topic = reports_topic
+        self.state_topic = state_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.group_id = group_id
+        self.checkpoint_interval_s = float(checkpoint_interval_s)
+        self.checkpoint_reports = int(checkpoint_reports)
+        self.max_record_bytes = int(max_record_bytes)
+        self.coalesce = bool(coalesce)
+        self.max_poll_records = int(max_poll_records)
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self.producer_config = {"acks": "all", **dict(producer_config or {})}
+        self.consumer_config = dict(consumer_config or {})
+
+        self.owned: dict[int, PartitionState] = {}
+        self.processed_reports = 0  # in this process
+        self.processed_records = 0
+        self._pending: set = set()  # TopicPartitions awaiting restore (paused)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._closing = False
+        self._since_ckpt_reports = 0
+        self._last_ckpt = time.monotonic()
+        self._last_data = time.monotonic()
+        self._consumer = None
+        self._producer = None
+        self._reader: StateTopicReader | None = None
+
+    # ---------------------------------------------------------------------------------- clients
+    def _client_kwargs(self, keys_to_drop: tuple[str, ...] = ()) -> dict:
+        return {k: v for k, v in self.client_config.items() if k not in keys_to_drop}
+
+    def _open(self) -> None:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        group_keys = ("session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
+                      "group_id", "enable_auto_commit", "auto_offset_reset", "rebalance_timeout_ms",
+                      "max_poll_records", "fetch_max_wait_ms", "client_id")
+        producer_only = ("acks", "linger_ms", "batch_size", "compression_type", "max_request_size",
+                         "retries", "buffer_memory")
+        consumer_common = {k: v for k, v in self.client_config.items() if k not in producer_only}
+        self._consumer = KafkaConsumer(
+            **{**consumer_common, **self.consumer_config},
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.max_poll_records,
+        )
+        self._consumer.subscribe([self.reports_topic], listener=_Listener(self))
+        plain = {k: v for k, v in self.client_config.items() if k not in group_keys}
+        prod = {k: v for k, v in plain.items() if k in ("bootstrap_servers", "security_protocol",
+                                                         "sasl_mechanism", "sasl_plain_username",
+                                                         "sasl_plain_password", "ssl_cafile",
+                                                         "request_timeout_ms", "api_version")}
+        prod.update(self.producer_config)
+        prod.setdefault("max_request_size", max(self.max_record_bytes + 65536, 1048576))
+        self._producer = KafkaProducer(**prod)
+        reader_cfg = {k: v for k, v in plain.items() if k not in producer_only}
+        self._reader = StateTopicReader(
+            KafkaConsumer(**reader_cfg, group_id=None, enable_auto_commit=False,
+                          auto_offset_reset="earliest"),
+            self.state_topic, pipeline=self.runtime.name,
+        )
+
+    # -------------------------------------------------------------------------------- callbacks
+    def _on_assigned(self, assigned) -> None:
+        tps = [tp for tp in assigned if tp.topic == self.reports_topic]
+        with self._lock:
+            self.metrics.rebalances.inc()
+            if tps:
+                self._consumer.pause(*tps)
+                self._pending.update(tps)
+        log.info("assigned %s (restore pending)", sorted(tp.partition for tp in tps))
+
+    def _on_revoked(self, revoked) -> None:
+        with self._lock:
+            self.metrics.rebalances.inc()
+            parts = [tp.partition for tp in revoked if tp.topic == self.reports_topic]
+            self._pending.difference_update(revoked)
+            todo = [self.owned[p] for p in parts if p in self.owned]
+            if todo and not self._closing:
+                # the producer is a separate client: publishing + flushing here is short and safe
+                try:
+                    self._publish(todo, commit=False)
+                except Exception:
+                    log.exception("checkpoint on revoke failed; the next owner replays from the last one")
+            for p in parts:
+                self.owned.pop(p, None)
+                if _has_label(self.metrics.lag, str(p)):
+                    self.metrics.lag.remove(str(p))
+            self.metrics.owned.set(len(self.owned))
+        log.info("revoked %s", parts)
+
+    def _on_lost(self, lost) -> None:
+        with self._lock:
+            self.metrics.rebalances.inc()
+            self._pending.difference_update(lost)
+            for tp in lost:
+                self.owned.pop(tp.partition, None)
+            self.metrics.owned.set(len(self.owned))
+        log.warning("lost %s without checkpoint; their next owner replays from the last checkpoint",
+                    sorted(tp.partition for tp in lost))
+
+    # ---------------------------------------------------------------------------------- restore
+    def _restore_pending(self) -> None:
+        with self._lock:
+            todo = [tp for tp in self._pending if tp in self._consumer.assignment()]
+            self._pending.clear()
+        if not todo:
+            return
+        self._reader.catch_up()
+        starts = self._consumer.beginning_offsets(todo)
+        for tp in sorted(todo):
+            ps = self._restore_partition(tp.partition)
+            start = int(starts.get(tp) or 0)
+            if ps.next_offset < start:
+                gap = start - ps.next_offset
+                log.warning("partition %d: offsets [%d, %d) are gone from the log (retention); %d "
+                            "records lost, resuming at %d", tp.partition, ps.next_offset, start, gap, start)
+                self.metrics.offset_gap.labels(partition=str(tp.partition)).inc(gap)
+                ps.next_offset = start
+                ps.dirty = True
+            with self._lock:
+                if tp not in self._consumer.assignment():
+                    continue
+                self.owned[tp.partition] = ps
+                self._consumer.seek(tp, ps.next_offset)
+                self._consumer.resume(tp)
+                self.metrics.owned.set(len(self.owned))
+            log.info("partition %d restored: next_offset=%d reports=%d", tp.partition, ps.next_offset,
+                     ps.reports)
+
+    def _restore_partition(self, partition: int) -> PartitionState:
+        key = checkpoint_key(self.runtime.name, partition)
+        raw = self._reader.latest.get(key)
+        if raw is not None:
+            try:
+                ck = Checkpoint.from_bytes(raw)
+                if ck.fingerprint != self.runtime.fingerprint:
+                    raise CheckpointError("checkpoint was built for another schema fingerprint")
+                names = set(self.runtime.new_states())
+                if set(ck.states) != names:
+                    raise CheckpointError(f"checkpoint holds queries {sorted(ck.states)}, config has "
+                                          f"{sorted(names)}")
+                states = {n: self.runtime.restore_state(n, blob) for n, blob in ck.states.items()}
+                return PartitionState(partition, ck.next_offset, states, ck.reports, ck.records)
+            except Exception as exc:  # any corrupt state: rebuild this partition from scratch
+                self.metrics.state_invalid.inc()
+                log.error("state record %r (offset %s) failed to decode (%s); rebuilding partition %d "
+                          "from the earliest offset", key, self._reader.offsets.get(key), exc, partition)
+        return PartitionState(partition, 0, self.runtime.new_states(), 0, 0, dirty=True)
+
+    # ------------------------------------------------------------------------------- processing
+    def _dead_letter(self, rec, reason: str) -> None:
+        headers = [("reason", reason.encode()), ("source_topic", rec.topic.encode()),
+                   ("source_partition", str(rec.partition).encode()),
+                   ("source_offset", str(rec.offset).encode())]
+        self._producer.send(self.dead_letter_topic, key=rec.key, value=rec.value or b"", headers=headers)
+        self.metrics.dead_lettered.labels(reason=reason).inc()
+        log.warning("record %s/%d@%d dead-lettered: %s", rec.topic, rec.partition, rec.offset, reason)
+
+    def _process(self, partition: int, records: list) -> int:
+        ps = self.owned.get(partition)
+        if ps is None:
+            return 0  # not restored yet (or revoked): the records will be fetched again
+        pending: list[tuple[ReportBatch, np.ndarray]] = []
+        n_reports = 0
+        for rec in records:
+            if rec.offset < ps.next_offset:
+                self.metrics.duplicates.inc()
+                continue
+            if rec.offset > ps.next_offset:
+                gap = rec.offset - ps.next_offset
+                log.warning("partition %d: offsets [%d, %d) missing from the log", partition,
+                            ps.next_offset, rec.offset)
+                self.metrics.offset_gap.labels(partition=str(partition)).inc(gap)
+            value = rec.value
+            try:
+                if value is None:
+                    raise _Rejected("empty")
+                if len(value) > self.max_record_bytes:
+                    raise _Rejected("oversized")
+                batch = self.runtime.decode(value)
+                if batch.fingerprint != self.runtime.fingerprint:
+                    raise _Rejected("unknown_fingerprint")
+            except (DecodeError, _Rejected) as exc:
+                self._dead_letter(rec, getattr(exc, "reason", "malformed"))
+                ps.next_offset = rec.offset + 1
+                ps.dirty = True
+                continue
+            x2 = self.runtime.double(batch, value)
+            if self.coalesce:
+                pending.append((batch, x2))
+            else:
+                self._update(ps, batch, x2)
+            ps.next_offset = rec.offset + 1
+            ps.records += 1
+            ps.dirty = True
+            n_reports += batch.n
+            self.metrics.records.inc()
+        if pending:
+            batch = concat_batches([b for b, _ in pending])
+            x2 = np.concatenate([x for _, x in pending], axis=0) if len(pending) > 1 else pending[0][1]
+            self._update(ps, batch, x2)
+        if n_reports or records:
+            ps.reports += n_reports
+            self.metrics.reports.inc(n_reports)
+            self.metrics.last_processed.set(time.time())
+        return n_reports
+
+    @staticmethod
+    def _update(ps: PartitionState, batch: ReportBatch, x2: np.ndarray) -> None:
+        for st in ps.states.values():
+            st.update(batch, x2)
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def _publish(self, parts: list[PartitionState], commit: bool) -> None:
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        if not parts:
+            return
+        t0 = time.perf_counter()
+        for ps in parts:
+            ck = ps.to_checkpoint(self.runtime)
+            self._producer.send(self.state_topic, key=ck.key, value=ck.to_bytes())
+        self._producer.flush(timeout=30)
+        # the state is durable: only now may the group offsets move
+        for ps in parts:
+            ps.dirty = False
+        self.metrics.checkpoints.inc(len(parts))
+        if commit:
+            offsets = {TopicPartition(self.reports_topic, ps.partition):
+                       OffsetAndMetadata(ps.next_offset, "", -1) for ps in parts}
+            try:
+                self._consumer.commit(offsets)
+            except Exception as exc:  # committed offsets are advisory: positions come from checkpoints
+                log.warning("offset commit failed (%s); checkpoints are already durable", exc)
+        self.metrics.checkpoint_duration.observe(time.perf_counter() - t0)
+
+    def checkpoint(self, force: bool = False) -> int:
+        """Publish the checkpoints of owned partitions, flush, then commit their offsets.
+
+        Parameters
+        ----------
+        force : bool
+            Publish every owned partition, not only those changed since the last checkpoint.
+
+        Returns
+        -------
+        int
+            Number of partitions checkpointed.
+        """
+        with self._lock:
+            parts = [ps for ps in self.owned.values() if force or ps.dirty]
+            self._publish(parts, commit=True)
+            self._since_ckpt_reports = 0
+            self._last_ckpt = time.monotonic()
+            return len(parts)
+
+    # -------------------------------------------------------------------------------- main loop
+    def stop(self) -> None:
+        """Ask the main loop to finish: final checkpoint, then ``consumer.close()``.
+
+        Safe to call from a signal handler or another thread.
+        """
+        self._stop.set()
+
+    def _update_lag(self) -> None:
+        from kafka import TopicPartition
+
+        total = 0
+        for p, ps in list(self.owned.items()):
+            hw = self._consumer.highwater(TopicPartition(self.reports_topic, p))
+            if hw is not None:
+                lag = max(0, int(hw) - ps.next_offset)
+                total += lag
+                self.metrics.lag.labels(partition=str(p)).set(lag)
+        self._total_lag = total
+
+    def caught_up(self) -> bool:
+        """Whether the worker owns partitions, none awaits restore, and every owned partition's
+        ``next_offset`` has reached the fetch high watermark."""
+        from kafka import TopicPartition
+
+        with self._lock:
+            if self._pending or not self.owned:
+                return False
+            for p, ps in self.owned.items():
+                hw = self._consumer.highwater(TopicPartition(self.reports_topic, p))
+                if hw is None or ps.next_offset < hw:
+                    return False
+            return True
+
+    def run(self, max_reports: int | None = None, exit_when_idle: float | None = None,
+            poll_timeout_ms: int = 200) -> int:
+        """Consume until :meth:`stop`, ``max_reports`` reports, or ``exit_when_idle`` seconds with
+        nothing left to read.
+
+        Parameters
+        ----------
+        max_reports : int or None
+            Stop once this process has folded in at least this many reports (≥ 1).
+        exit_when_idle : float or None
+            Stop once caught up (every owned partition at its high watermark) and no record has
+            arrived for this many seconds (> 0).
+        poll_timeout_ms : int
+            ``poll`` timeout, milliseconds.
+
+        Returns
+        -------
+        int
+            Reports processed by this process.
+
+        Raises
+        ------
+        ConfigError
+            If ``max_reports`` < 1 or ``exit_when_idle`` ≤ 0.
+        AggregatorError
+            If the state topic cannot be read.
+        """
+        if max_reports is not None and (not isinstance(max_reports, int) or max_reports < 1):
+            raise ConfigError(f"max_reports must be an integer >= 1, got {max_reports!r}")
+        if exit_when_idle is not None and not exit_when_idle > 0:
+            raise ConfigError(f"exit_when_idle must be > 0 seconds, got {exit_when_idle!r}")
+        self._open()
+        self._last_data = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                if self._pending:
+                    self._restore_pending()
+                got = self._consumer.poll(timeout_ms=poll_timeout_ms, max_records=self.max_poll_records)
+                n = 0
+                with self._lock:
+                    for tp, recs in got.items():
+                        if tp.topic == self.reports_topic:
+                            r = self._process(tp.partition, recs)
+                            self.processed_reports += r
+                            self._since_ckpt_reports += r
+                            self.processed_records += len(recs)
+                            n += len(recs)
+                if n:
+                    self._last_data = time.monotonic()
+                self._update_lag()
+                due = (self._since_ckpt_reports >= self.checkpoint_reports
+                       or time.monotonic() - self._last_ckpt >= self.checkpoint_interval_s)
+                if due:
+                    self.checkpoint()
+                if max_reports is not None and self.processed_reports >= max_reports:
+                    log.info("processed %d reports (max %d): stopping", self.processed_reports, max_reports)
+                    break
+                if (exit_when_idle is not None and time.monotonic() - self._last_data >= exit_when_idle
+                        and self.caught_up()):
+                    log.info("idle for %.1f s and caught up: stopping", exit_when_idle)
+                    break
+        finally:
+            self._shutdown()
+        return self.processed_reports
+
+    def _shutdown(self) -> None:
+        try:
+            if self._consumer is not None and self._producer is not None:
+                self.checkpoint()
+        except Exception:
+            log.exception("final checkpoint failed")
+        self._closing = True
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:
+                    log.debug("closing client failed", exc_info=True)
+        if self._reader is not None:
+            self._reader.close()
+
+    def __repr__(self) -> str:
+        try:
+            return (f"Worker(pipeline={self.runtime.name!r}, group={self.group_id!r}, "
+                    f"owned={sorted(self.owned)}, reports={self.processed_reports})")
+        except Exception:  # pragma: no cover - repr never raises
+            return "Worker(?)"
+
+
+class _Rejected(AggregatorError):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _has_label(metric, value: str) -> bool:
+    try:
+        return (value,) in metric._metrics  # prometheus_client keeps children by label tuple
+    except AttributeError:
+        return False
