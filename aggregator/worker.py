@@ -163,7 +163,7 @@ class PipelineRuntime:
 
 
 def _config_schema(config):
-    for attr in ("load_schema", "schema_obj", "telemetry_schema"):
+    for attr in ("telemetry_schema", "load_schema"):
         obj = getattr(config, attr, None)
         if callable(obj):
             return obj()

@@ -1,0 +1,321 @@
+"""Merge partition checkpoints into global estimates and serve them (DESIGN §5).
+
+* :func:`merge_checkpoints` restores every partition's states and merges them per query (in
+  ascending partition order, so the result is deterministic).
+* :class:`EstimateStore` keeps the latest checkpoint per ``"<pipeline>/<partition>"`` key of the
+  state topic — a background thread reads it with a group-less consumer assigned to every
+  partition from the beginning — and recomputes the merged estimates and the Prometheus gauges.
+* :func:`build_app` is a read-only starlette app: ``GET /estimates``, ``GET /estimates/{query}``,
+  ``GET /privacy``, ``GET /healthz``, ``GET /metrics``. Other methods get 405; errors are JSON
+  (never a traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader
+from aggregator.errors import AggregatorError, ConfigError
+from aggregator.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+
+__all__ = ["EstimateStore", "build_app", "estimate_payload", "merge_checkpoints", "run_server"]
+
+log = logging.getLogger(__name__)
+
+
+def merge_checkpoints(checkpoints: Iterable[Checkpoint], runtime) -> tuple[dict, dict]:
+    """Restore and merge partition checkpoints per query.
+
+    Parameters
+    ----------
+    checkpoints : iterable of Checkpoint
+        At most one per partition (the latest); other pipelines' checkpoints are ignored.
+    runtime : aggregator.worker.PipelineRuntime
+        Provides ``restore_state(name, blob)``, the pipeline name and the fingerprint.
+
+    Returns
+    -------
+    states : dict str → state
+        Merged state per query (queries without any checkpoint are absent).
+    info : dict
+        ``partitions`` (sorted list), ``reports`` (sum) and ``next_offsets`` ({partition: offset}).
+
+    Raises
+    ------
+    StateError
+        If a checkpoint's states cannot be restored or merged (callers may skip it).
+    """
+    merged: dict[str, Any] = {}
+    parts = sorted((c for c in checkpoints if c.pipeline == runtime.name), key=lambda c: c.partition)
+    for ck in parts:
+        if ck.fingerprint != runtime.fingerprint:
+            raise CheckpointError(f"checkpoint of partition {ck.partition} has another schema fingerprint")
+        for name, blob in ck.states.items():
+            st = runtime.restore_state(name, blob)
+            if name in merged:
+                merged[name].merge(st)
+            else:
+                merged[name] = st
+    info = {
+        "partitions": [c.partition for c in parts],
+        "reports": sum(c.reports for c in parts),
+        "next_offsets": {c.partition: c.next_offset for c in parts},
+    }
+    return merged, info
+
+
+def estimate_payload(name: str, state) -> dict:
+    """JSON-ready estimate of one merged state.
+
+    Returns
+    -------
+    dict
+        ``Estimate.to_dict()`` (value, stderr, ci_low, ci_high, n, level, params, …); when the
+        state cannot estimate yet, ``{"query": name, "n": state.n, "error": "..."}``.
+    """
+    try:
+        return state.estimate().to_dict()
+    except (AggregatorError, ValueError, ArithmeticError) as exc:
+        return {"query": name, "n": int(getattr(state, "n", 0)), "error": str(exc)}
+
+
+class EstimateStore:
+    """Merged estimates of one pipeline, refreshed from the state topic.
+
+    Parameters
+    ----------
+    runtime : aggregator.worker.PipelineRuntime
+        Pipeline name, fingerprint, ``restore_state`` and the schema (for ``/privacy``).
+    reader : StateTopicReader or None
+        Source of checkpoints (``None``: feed :meth:`set_checkpoints` by hand — tests).
+    metrics : ServeMetrics or None
+        Gauges to update; ``None`` creates one with a private registry.
+    refresh_interval_s : float
+        Seconds between recomputations of the merged estimates (> 0).
+
+    Raises
+    ------
+    ConfigError
+        If ``refresh_interval_s`` ≤ 0.
+    """
+
+    def __init__(self, runtime, reader: StateTopicReader | None = None, metrics: ServeMetrics | None = None,
+                 refresh_interval_s: float = 1.0) -> None:
+        if not (isinstance(refresh_interval_s, int | float) and refresh_interval_s > 0):
+            raise ConfigError(f"refresh_interval_s must be > 0 seconds, got {refresh_interval_s!r}")
+        self.runtime = runtime
+        self.reader = reader
+        self.metrics = metrics if metrics is not None else ServeMetrics()
+        self.refresh_interval_s = float(refresh_interval_s)
+        self._lock = threading.Lock()
+        self._estimates: dict[str, dict] = {}
+        self._info: dict = {"partitions": [], "reports": 0, "next_offsets": {}}
+        self._bad: set[tuple[bytes, int]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_refresh: float | None = None
+        self.last_error: str | None = None
+
+    # -------------------------------------------------------------------------------- refresh
+    def set_checkpoints(self, raw: Mapping[bytes, bytes], offsets: Mapping[bytes, int] | None = None) -> None:
+        """Recompute the merged estimates from the latest raw checkpoint per key.
+
+        Undecodable checkpoints are logged, counted once (``ldp_state_records_invalid_total``)
+        and skipped.
+        """
+        cks = []
+        for key, value in raw.items():
+            try:
+                ck = Checkpoint.from_bytes(value)
+            except CheckpointError as exc:
+                tag = (key, (offsets or {}).get(key, -1))
+                if tag not in self._bad:
+                    self._bad.add(tag)
+                    self.metrics.state_invalid.inc()
+                    log.error("state record %r failed to decode: %s", key, exc)
+                continue
+            if ck.pipeline == self.runtime.name:
+                cks.append(ck)
+        good = []
+        for ck in cks:  # restore one by one so a single bad partition does not hide the rest
+            try:
+                merge_checkpoints([ck], self.runtime)
+                good.append(ck)
+            except Exception as exc:
+                tag = (ck.key, (offsets or {}).get(ck.key, -1))
+                if tag not in self._bad:
+                    self._bad.add(tag)
+                    self.metrics.state_invalid.inc()
+                    log.error("checkpoint %r cannot be restored: %s", ck.key, exc)
+        merged, info = merge_checkpoints(good, self.runtime)
+        estimates = {}
+        for name in self.runtime.queries or merged:
+            if name in merged:
+                est = estimate_payload(name, merged[name])
+            else:
+                est = {"query": name, "n": 0, "error": "no checkpoint yet"}
+            estimates[name] = est
+            if "error" not in est:
+                self.metrics.set_estimate(name, est)
+            else:
+                self.metrics.reports.labels(query=name).set(est.get("n", 0))
+            self.metrics.partitions.labels(query=name).set(len(info["partitions"]))
+        with self._lock:
+            self._estimates = estimates
+            self._info = info
+            self.last_refresh = time.time()
+
+    def refresh(self, timeout_s: float = 30.0) -> None:
+        """Read the state topic to its end and recompute (synchronously)."""
+        if self.reader is None:
+            raise AggregatorError("EstimateStore has no state-topic reader")
+        self.reader.catch_up(timeout_s)
+        self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
+
+    def _loop(self) -> None:
+        next_compute = 0.0
+        while not self._stop.is_set():
+            try:
+                self.reader.poll(timeout_ms=200)
+                if time.monotonic() >= next_compute:
+                    self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
+                    next_compute = time.monotonic() + self.refresh_interval_s
+                    self.last_error = None
+            except Exception as exc:  # keep serving the last good estimates
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("state-topic refresh failed: %s", self.last_error)
+                self._stop.wait(1.0)
+
+    def start(self) -> EstimateStore:
+        """Start the background reader thread (daemon)."""
+        if self.reader is None:
+            raise AggregatorError("EstimateStore has no state-topic reader")
+        self._thread = threading.Thread(target=self._loop, name="ldp-serve-state", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the background thread and close the reader."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.reader is not None:
+            self.reader.close()
+
+    # -------------------------------------------------------------------------------- access
+    def estimates(self) -> dict[str, dict]:
+        """Merged estimate per query (a snapshot)."""
+        with self._lock:
+            return dict(self._estimates)
+
+    def info(self) -> dict:
+        """``partitions``, ``reports``, ``next_offsets`` of the merged checkpoints."""
+        with self._lock:
+            return dict(self._info)
+
+    def __repr__(self) -> str:
+        name = getattr(self.runtime, 'name', '?')
+        return f"EstimateStore(pipeline={name!r}, queries={len(self._estimates)})"
+
+
+def _json_safe(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return _json_safe(obj.tolist())
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def build_app(store: EstimateStore, privacy: Mapping | None = None):
+    """The read-only HTTP API over ``store`` (a starlette application).
+
+    Routes (GET/HEAD only; anything else → 405 JSON):
+
+    * ``/estimates`` → ``{"pipeline", "reports", "partitions", "estimates": {query: estimate}}``
+    * ``/estimates/{query}`` → one estimate (404 JSON for an unknown query)
+    * ``/privacy`` → the schema's privacy summary
+    * ``/healthz`` → ``{"status": "ok", "last_refresh", "partitions"}``
+    * ``/metrics`` → Prometheus text exposition of the store's gauges
+
+    Every error is a JSON body ``{"error": ...}`` — never a traceback.
+    """
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    def js(payload, status: int = 200) -> JSONResponse:
+        return JSONResponse(_json_safe(payload), status_code=status)
+
+    async def estimates(request: Request):
+        info = store.info()
+        return js({"pipeline": store.runtime.name, "reports": info["reports"],
+                   "partitions": info["partitions"], "estimates": store.estimates()})
+
+    async def one(request: Request):
+        name = request.path_params["query"]
+        ests = store.estimates()
+        if name not in ests:
+            return js({"error": f"unknown query {name!r}", "queries": sorted(ests)}, 404)
+        return js(ests[name])
+
+    async def privacy_route(request: Request):
+        summary = privacy
+        if summary is None:
+            schema = getattr(store.runtime, "schema", None)
+            summary = schema.privacy_summary() if schema is not None else {}
+        if not isinstance(summary, Mapping):
+            summary = {"summary": summary if isinstance(summary, str) else str(summary)}
+        return js(summary)
+
+    async def healthz(request: Request):
+        return js({"status": "ok", "last_refresh": store.last_refresh, "last_error": store.last_error,
+                   "partitions": store.info()["partitions"]})
+
+    async def metrics(request: Request):
+        return Response(store.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: HTTPException):
+        return js({"error": exc.detail}, exc.status_code)
+
+    async def server_error(request: Request, exc: Exception):
+        log.exception("request %s %s failed", request.method, request.url.path)
+        return js({"error": "internal server error"}, 500)
+
+    methods = ["GET", "HEAD"]
+    routes = [
+        Route("/estimates", estimates, methods=methods),
+        Route("/estimates/{query}", one, methods=methods),
+        Route("/privacy", privacy_route, methods=methods),
+        Route("/healthz", healthz, methods=methods),
+        Route("/metrics", metrics, methods=methods),
+    ]
+    return Starlette(routes=routes, debug=False,
+                     exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+def run_server(app, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning"):
+    """Serve ``app`` with uvicorn until interrupted (blocking).
+
+    Raises
+    ------
+    ConfigError
+        If ``port`` is outside [0, 65535].
+    """
+    import uvicorn
+
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"port must be an integer in [0, 65535], got {port!r}")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
