@@ -1,0 +1,432 @@
+"""Pipeline configuration: one TOML file per pipeline (DESIGN §5).
+
+Example (see ``examples/flights.pipeline.toml``)::
+
+    [pipeline]
+    name = "flights"
+    schema = "flights.schema.toml"        # relative to this file
+
+    [kafka]
+    bootstrap_servers = "127.0.0.1:9092"
+
+    [topics]
+    reports = "ldp.flights.reports"
+    state = "ldp.flights.state"
+    dead_letter = "ldp.flights.dead-letter"
+    partitions = 4
+
+    [worker]
+    group_id = "ldp-flights"
+    checkpoint_interval_s = 10.0
+    checkpoint_reports = 100000
+    metrics_port = 9400
+    max_record_bytes = 8388608
+
+    [serve]
+    host = "127.0.0.1"
+    port = 8080
+    refresh_interval_s = 5.0
+
+    [[queries]]
+    kind = "mean"
+    name = "arr_delay_mean"
+    field = "arr_delay"
+
+:meth:`PipelineConfig.load` parses the file, loads the telemetry schema and checks every query
+against it; any problem raises :class:`aggregator.errors.ConfigError` with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from aggregator.errors import ConfigError
+from aggregator.queries import (
+    CustomQuery,
+    FrequencyQuery,
+    LogisticRegressionQuery,
+    Query,
+    format_validation_error,
+    parse_query,
+    query_fields,
+)
+
+__all__ = [
+    "PipelineConfig",
+    "PipelineSection",
+    "ServeSection",
+    "TopicsSection",
+    "WorkerSection",
+    "load_custom_loss",
+    "validate_queries",
+]
+
+log = logging.getLogger(__name__)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class PipelineSection(_Frozen):
+    """``[pipeline]``: ``name`` and ``schema`` (path of the telemetry schema TOML, resolved
+    relative to the config file by :meth:`PipelineConfig.load`)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    schema_path: Path = Field(alias="schema")
+
+
+class TopicsSection(_Frozen):
+    """``[topics]``: topic names and the partition count of the reports topic (1 … 10000)."""
+
+    reports: str = Field(default="ldp.reports", min_length=1, max_length=249)
+    state: str = Field(default="ldp.state", min_length=1, max_length=249)
+    dead_letter: str = Field(default="ldp.dead-letter", min_length=1, max_length=249)
+    partitions: int = Field(default=1, ge=1, le=10_000)
+
+
+class WorkerSection(_Frozen):
+    """``[worker]``: consumer group, checkpoint cadence (seconds and/or reports; a checkpoint is
+    taken when either is reached), metrics port (0 = no metrics server) and the largest record
+    accepted, in bytes (1 KiB … 1 GiB)."""
+
+    group_id: str = Field(default="ldp-stream", min_length=1)
+    checkpoint_interval_s: float = Field(default=10.0, gt=0, le=86_400)
+    checkpoint_reports: int = Field(default=100_000, ge=1)
+    metrics_port: int = Field(default=0, ge=0, le=65_535)
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 30)
+
+
+class ServeSection(_Frozen):
+    """``[serve]``: HTTP listen address (loopback by default), port and how often merged
+    estimates are refreshed from the state topic (seconds)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65_535)
+    refresh_interval_s: float = Field(default=5.0, gt=0, le=86_400)
+
+    @field_validator("refresh_interval_s")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"refresh_interval_s must be finite, got {v}")
+        return v
+
+
+class PipelineConfig(_Frozen):
+    """A whole pipeline: schema, Kafka client settings, topics, worker, serve and queries.
+
+    Attributes
+    ----------
+    pipeline : PipelineSection
+    kafka : ingest.kafka.KafkaSettings or dict
+        Client settings (``bootstrap_servers``, ``security_protocol``, ``sasl_*``, ``ssl_*``);
+        a ``KafkaSettings`` when :mod:`ingest.kafka` provides it, else the raw mapping.
+    topics, worker, serve : sections
+    queries : tuple of Query
+        Names are unique.
+    source_path : Path or None
+        The file the config was loaded from.
+
+    Raises
+    ------
+    ConfigError
+        From :meth:`load` / :meth:`from_dict` on any invalid key.
+    """
+
+    pipeline: PipelineSection
+    kafka: Any = Field(default_factory=dict)
+    topics: TopicsSection = TopicsSection()
+    worker: WorkerSection = WorkerSection()
+    serve: ServeSection = ServeSection()
+    queries: tuple[Query, ...] = ()
+    source_path: Path | None = None
+
+    _schema: Any = PrivateAttr(default=None)
+
+    @field_validator("queries")
+    @classmethod
+    def _unique_names(cls, v: tuple[Query, ...]) -> tuple[Query, ...]:
+        seen: set[str] = set()
+        for q in v:
+            if q.name in seen:
+                raise ValueError(f"query name {q.name!r} is used twice")
+            seen.add(q.name)
+        return v
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str | Path, *, validate: bool = True) -> PipelineConfig:
+        """Read a pipeline TOML file, load its schema and validate the queries against it.
+
+        Parameters
+        ----------
+        path : str or Path
+            The ``*.pipeline.toml`` file. ``[pipeline] schema`` is resolved relative to it.
+        validate : bool
+            Load the schema and check the queries (default). ``False`` only parses.
+
+        Returns
+        -------
+        PipelineConfig
+
+        Raises
+        ------
+        ConfigError
+            Unreadable file, TOML syntax, unknown/invalid key, missing schema, a query naming an
+            unknown field or a field of the wrong type, an estimator that does not fit the loss,
+            or a custom loss that cannot be imported. One line, naming the key.
+        """
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read pipeline config {str(p)!r}: {exc.strerror or exc}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p.name}: invalid TOML: {exc}") from None
+        return cls.from_dict(data, base_dir=p.resolve().parent, source_path=p, validate=validate)
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: dict,
+        *,
+        base_dir: str | Path | None = None,
+        source_path: str | Path | None = None,
+        validate: bool = True,
+    ) -> PipelineConfig:
+        """Build from a parsed mapping (the TOML document).
+
+        Parameters
+        ----------
+        data : dict
+        base_dir : path, optional
+            Directory the schema path is relative to (default: current directory).
+        source_path : path, optional
+        validate : bool
+            Load the schema and check the queries against it.
+
+        Raises
+        ------
+        ConfigError
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"pipeline config must be a table, got {type(data).__name__}")
+        data = dict(data)
+        if "pipeline" not in data:
+            raise ConfigError("pipeline: missing [pipeline] section (name, schema)")
+        queries = data.pop("queries", [])
+        if not isinstance(queries, list):
+            raise ConfigError("queries: must be an array of tables ([[queries]])")
+        parsed = []
+        for i, q in enumerate(queries):
+            if not isinstance(q, dict):
+                raise ConfigError(f"queries[{i}]: must be a table")
+            parsed.append(parse_query(q))
+        kafka = _kafka_settings(data.pop("kafka", {}))
+        try:
+            cfg = cls.model_validate({**data, "kafka": kafka, "queries": tuple(parsed),
+                                      "source_path": source_path})
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+        if base_dir is not None and not cfg.pipeline.schema_path.is_absolute():
+            section = cfg.pipeline.model_copy(
+                update={"schema_path": Path(base_dir) / cfg.pipeline.schema_path})
+            cfg = cfg.model_copy(update={"pipeline": section})
+        if validate:
+            cfg._schema = cfg.load_schema()
+            validate_queries(cfg.queries, cfg._schema)
+        return cfg
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def schema_path(self) -> Path:
+        """Resolved path of the telemetry schema file."""
+        return self.pipeline.schema_path
+
+    @property
+    def telemetry_schema(self):
+        """The loaded :class:`ingest.schema.TelemetrySchema` (loaded on first access)."""
+        if self._schema is None:
+            self._schema = self.load_schema()
+        return self._schema
+
+    def load_schema(self):
+        """Load ``[pipeline] schema``.
+
+        Raises
+        ------
+        ConfigError
+            If the file is missing or is not a valid schema (``pipeline.schema: …``).
+        """
+        try:
+            from ingest.schema import TelemetrySchema
+        except ImportError as exc:  # pragma: no cover - only while ingest.schema is being written
+            raise ConfigError(f"pipeline.schema: ingest.schema is not available ({exc})") from None
+        path = self.pipeline.schema_path
+        if not path.exists():
+            raise ConfigError(f"pipeline.schema: file not found: {str(path)!r}")
+        try:
+            return TelemetrySchema.load(path)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"pipeline.schema: {str(path)!r}: {_one_line(exc)}") from None
+
+    def query(self, name: str) -> Query:
+        """The query called ``name``.
+
+        Raises
+        ------
+        ConfigError
+            If there is none.
+        """
+        for q in self.queries:
+            if q.name == name:
+                return q
+        raise ConfigError(f"queries: no query named {name!r} (have {[q.name for q in self.queries]})")
+
+
+def _kafka_settings(raw: Any):
+    if not isinstance(raw, dict):
+        if hasattr(raw, "model_dump"):
+            return raw
+        raise ConfigError("kafka: must be a table")
+    try:
+        from ingest.kafka import KafkaSettings
+    except ImportError:
+        return dict(raw)
+    try:
+        return KafkaSettings(**raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, prefix="kafka")) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"kafka: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+# ---------------------------------------------------------------------- validation
+def _numeric_names(schema) -> tuple[str, ...]:
+    return tuple(getattr(schema, "numeric_names", ()) or ())
+
+
+def _categorical_names(schema) -> tuple[str, ...]:
+    names = getattr(schema, "categorical_names", None)
+    if names is not None:
+        return tuple(names)
+    fields = getattr(schema, "categorical", None) or getattr(schema, "categorical_fields", None) or ()
+    out = []
+    for f in fields:
+        out.append(f if isinstance(f, str) else getattr(f, "name", str(f)))
+    return tuple(out)
+
+
+def load_custom_loss(spec: str, *, key: str = "loss"):
+    """Import ``"module:callable"`` and return the loss object.
+
+    If the attribute is a class or a zero-argument factory it is called; a ready loss object
+    (one with ``value`` and ``grad``) is returned as is.
+
+    Raises
+    ------
+    ConfigError
+        ``<key>: cannot import …`` if the module or attribute is missing or the object is not a
+        loss (needs ``value`` and ``grad``).
+    """
+    mod_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as exc:  # any import-time failure is a config problem
+        raise ConfigError(f"{key}: cannot import module {mod_name!r}: {_one_line(exc)}") from None
+    obj = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"{key}: module {mod_name!r} has no attribute {attr!r}") from None
+    if not (hasattr(obj, "value") and hasattr(obj, "grad")) or isinstance(obj, type):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise ConfigError(f"{key}: calling {spec!r} failed: {_one_line(exc)}") from None
+    if not (hasattr(obj, "value") and hasattr(obj, "grad")):
+        raise ConfigError(f"{key}: {spec!r} is not a loss object (needs value() and grad())")
+    return obj
+
+
+def _is_smooth(loss) -> bool:
+    smooth = getattr(loss, "smooth", None)
+    if smooth is not None:
+        return bool(smooth)
+    return hasattr(loss, "laplacian_x") and hasattr(loss, "grad_laplacian_x")
+
+
+def validate_queries(queries, schema) -> None:
+    """Check queries against a telemetry schema.
+
+    Numeric queries (mean, variance, quantiles, regressions, custom) must name numeric fields,
+    ``frequency`` a categorical field; SL/SDR need a loss twice differentiable in the noised
+    fields; custom losses must import.
+
+    Parameters
+    ----------
+    queries : iterable of Query
+    schema : ingest.schema.TelemetrySchema
+
+    Raises
+    ------
+    ConfigError
+        ``queries.<name>.<key>: <problem>``.
+    """
+    numeric = _numeric_names(schema)
+    categorical = _categorical_names(schema)
+    for q in queries:
+        q = parse_query(q)
+        prefix = f"queries.{q.name}"
+        if isinstance(q, FrequencyQuery):
+            if q.field not in categorical:
+                where = "a numeric field" if q.field in numeric else "not a field of the schema"
+                raise ConfigError(
+                    f"{prefix}.field: {q.field!r} is {where}; frequency needs one of the categorical "
+                    f"fields {list(categorical)}"
+                )
+            continue
+        keys = _field_keys(q)
+        for key, name in keys:
+            if name not in numeric:
+                where = "a categorical field" if name in categorical else "not a field of the schema"
+                raise ConfigError(
+                    f"{prefix}.{key}: {name!r} is {where}; {q.kind} needs numeric fields {list(numeric)}"
+                )
+        if isinstance(q, CustomQuery):
+            loss = load_custom_loss(q.loss, key=f"{prefix}.loss")
+            if q.estimator in ("sdr", "sl") and not _is_smooth(loss):
+                raise ConfigError(
+                    f"{prefix}.estimator: {q.estimator!r} needs a loss twice differentiable in the "
+                    f"noised fields; {q.loss!r} is not smooth — use 'dr'"
+                )
+        if isinstance(q, LogisticRegressionQuery) and q.threshold is not None and q.estimator != "dr":
+            raise ConfigError(f"{prefix}.estimator: a thresholded label needs 'dr'")  # pragma: no cover
+
+
+def _field_keys(q: Query) -> list[tuple[str, str]]:
+    kind = q.kind
+    if kind in ("mean", "variance", "quantiles"):
+        return [("field", q.field)]
+    if kind in ("linear_regression", "quantile_regression"):
+        return [*[("covariates", c) for c in q.covariates], ("response", q.response)]
+    if kind == "logistic_regression":
+        return [*[("covariates", c) for c in q.covariates], ("label", q.label)]
+    if kind == "custom":
+        return [("fields", f) for f in q.fields]
+    return [(kind, f) for f in query_fields(q)]  # pragma: no cover

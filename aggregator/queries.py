@@ -1,0 +1,386 @@
+"""Query specifications: what a pipeline estimates (DESIGN §5).
+
+A query is a frozen pydantic model, discriminated on ``kind``; :data:`Query` is the union and
+:func:`parse_query` builds one from a plain mapping (a ``[[queries]]`` TOML table). Every query has
+a unique ``name`` (the key of its state in checkpoints, the HTTP API and the ``query`` label of the
+Prometheus gauges) and a confidence ``level`` for its intervals. Field names refer to the
+pipeline's :class:`ingest.schema.TelemetrySchema`; they are checked against it by
+:meth:`aggregator.config.PipelineConfig.load` (and by :func:`aggregator.state.build_state`).
+
+Kinds and their estimators (DESIGN §2):
+
+==========================  ========================================  ==================
+kind                        fields                                    estimator
+==========================  ========================================  ==================
+``frequency``               ``field`` (categorical, uRR/uRAP)         ``method``: empirical | threshold
+                                                                      | projected | em
+``mean``                    ``field`` (numeric)                       sdr (default) | dr | sl | naive
+``variance``                ``field`` (numeric)                       sdr (default) | dr | sl | naive
+``quantiles``               ``field``, ``q``                          dr
+``linear_regression``       ``response``, ``covariates``              sdr (closed form)
+``logistic_regression``     ``covariates``, ``label`` [+ threshold]   dr (default) | sdr
+``quantile_regression``     ``response``, ``covariates``, ``tau``     dr
+``custom``                  ``loss`` = "module:callable", ``fields``  dr (default) | sdr | sl | naive
+==========================  ========================================  ==================
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from aggregator.errors import ConfigError
+
+__all__ = [
+    "CustomQuery",
+    "FrequencyQuery",
+    "LinearRegressionQuery",
+    "LogisticRegressionQuery",
+    "MeanQuery",
+    "QuantileRegressionQuery",
+    "QuantilesQuery",
+    "Query",
+    "SGDOptions",
+    "VarianceQuery",
+    "parse_query",
+    "query_fields",
+]
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SGDOptions(_Frozen):
+    """Tuning of the online averaged-SGD estimators (DESIGN §5).
+
+    Step ``γ_t = step0 · t^(−step_power)`` on mini-batches of ``batch_size`` reports; the
+    Polyak–Ruppert average of the iterates is the estimate (Lee, Liao, Seo & Shin 2022).
+
+    Attributes
+    ----------
+    step0 : float
+        γ₀ > 0, in standardized coordinates (covariates scaled to [0, 1] by the schema bounds).
+    step_power : float
+        a ∈ (0.5, 1); 0.505–0.6 recommended.
+    batch_size : int
+        Reports per SGD step, 1 … 65536.
+    burn_in : int
+        Number of initial SGD steps excluded from the average (≥ 0).
+
+    Raises
+    ------
+    pydantic.ValidationError
+        If a value is outside its range (wrapped into ``ConfigError`` by :func:`parse_query`).
+    """
+
+    step0: float = Field(default=0.5, gt=0, le=1e3)
+    step_power: float = Field(default=0.55, gt=0.5, lt=1.0)
+    batch_size: int = Field(default=32, ge=1, le=65536)
+    burn_in: int = Field(default=0, ge=0)
+
+
+class _QueryBase(_Frozen):
+    name: str
+    level: float = 0.95
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(
+                "name must start with a letter or '_' and contain only letters, digits, '_', '.', '-' "
+                f"(at most 128 characters), got {v!r}"
+            )
+        return v
+
+    @field_validator("level")
+    @classmethod
+    def _check_level(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0.5 <= v < 1.0):
+            raise ValueError(f"level must be in [0.5, 1), got {v}")
+        return v
+
+
+class FrequencyQuery(_QueryBase):
+    """Distribution of a categorical field (uRR or uRAP; DESIGN §3).
+
+    Attributes
+    ----------
+    field : str
+        A categorical field of the schema.
+    method : {"empirical", "threshold", "projected", "em"}
+        Frequency estimation method of ``mechanisms.uldp``.
+    """
+
+    kind: Literal["frequency"] = "frequency"
+    field: str
+    method: Literal["empirical", "threshold", "projected", "em"] = "empirical"
+
+    @property
+    def estimator(self) -> str:
+        """The estimation method (alias of ``method``)."""
+        return self.method
+
+
+class MeanQuery(_QueryBase):
+    """Mean of a numeric field (DESIGN §2 closed forms): SDR = mean X̃₁ (default),
+    DR = [mean X̃₁ − (1−δ) mean X̃₂]/δ, SL = mean X̃₂, naive = mean X̃₁."""
+
+    kind: Literal["mean"] = "mean"
+    field: str
+    estimator: Literal["sdr", "dr", "sl", "naive"] = "sdr"
+
+
+class VarianceQuery(_QueryBase):
+    """Variance of a numeric field; SDR: mean X̃₁² − (1−δ)σ² − (mean X̃₁)² (DESIGN §2)."""
+
+    kind: Literal["variance"] = "variance"
+    field: str
+    estimator: Literal["sdr", "dr", "sl", "naive"] = "sdr"
+
+
+class QuantilesQuery(_QueryBase):
+    """Quantiles of a numeric field from the DR CDF F̂ = [F̂₁ − (1−δ)F̂₂]/δ (DESIGN §2).
+
+    Attributes
+    ----------
+    q : tuple of float
+        Probabilities in (0, 1), at least one, distinct.
+    bins : int
+        Number of histogram bins over the field's [low, high] (16 … 100000); the quantiles are
+        exact to within one bin width ``(high − low)/bins`` of the unbinned DR quantile.
+    """
+
+    kind: Literal["quantiles"] = "quantiles"
+    field: str
+    q: tuple[float, ...] = (0.5,)
+    estimator: Literal["dr"] = "dr"
+    bins: int = Field(default=2000, ge=16, le=100_000)
+
+    @field_validator("q")
+    @classmethod
+    def _check_q(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v:
+            raise ValueError("q must list at least one probability")
+        for p in v:
+            if not (math.isfinite(p) and 0.0 < p < 1.0):
+                raise ValueError(f"q must contain probabilities in (0, 1), got {p}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"q must not repeat a probability, got {list(v)}")
+        return v
+
+
+class _RegressionBase(_QueryBase):
+    covariates: tuple[str, ...]
+    intercept: bool = True
+
+    @field_validator("covariates")
+    @classmethod
+    def _check_cov(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"covariates must be distinct, got {list(v)}")
+        return v
+
+
+class LinearRegressionQuery(_RegressionBase):
+    """Least squares ``response ~ covariates`` with noised covariates, SDR closed form:
+    ``(X̃₁ᵀX̃₁/n − (1−δ) D) β = X̃₁ᵀy/n`` (DESIGN §2), sandwich standard errors."""
+
+    kind: Literal["linear_regression"] = "linear_regression"
+    response: str
+    estimator: Literal["sdr"] = "sdr"
+
+    @model_validator(mode="after")
+    def _check(self) -> LinearRegressionQuery:
+        if self.response in self.covariates:
+            raise ValueError(f"response {self.response!r} must not also be a covariate")
+        if not self.covariates and not self.intercept:
+            raise ValueError("covariates must not be empty when intercept = false")
+        return self
+
+
+class LogisticRegressionQuery(_RegressionBase):
+    """Logistic regression of a binary label on numeric covariates, online averaged SGD.
+
+    Attributes
+    ----------
+    label : str
+        A numeric field. With ``threshold`` the label is ``y = 1{label > threshold}`` — a
+        non-smooth function of the noised report, so only ``estimator = "dr"`` is valid. Without
+        ``threshold`` the field itself is the (0/1) label; the logistic loss is linear in it, so
+        DR and SDR are both unbiased.
+    threshold : float or None
+        Threshold in the label field's original units.
+    estimator : {"dr", "sdr"}
+    sgd : SGDOptions
+    """
+
+    kind: Literal["logistic_regression"] = "logistic_regression"
+    label: str
+    threshold: float | None = None
+    estimator: Literal["dr", "sdr"] = "dr"
+    sgd: SGDOptions = SGDOptions()
+
+    @model_validator(mode="after")
+    def _check(self) -> LogisticRegressionQuery:
+        if self.label in self.covariates:
+            raise ValueError(f"label {self.label!r} must not also be a covariate")
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a finite number, got {self.threshold}")
+        if self.threshold is not None and self.estimator == "sdr":
+            raise ValueError(
+                "estimator 'sdr' needs a loss twice differentiable in the noised fields; "
+                "a thresholded label 1{label > threshold} is not — use estimator = 'dr'"
+            )
+        return self
+
+
+class QuantileRegressionQuery(_RegressionBase):
+    """Linear quantile regression (check loss ρ_τ, non-smooth → DR only), online averaged SGD.
+
+    Attributes
+    ----------
+    response : str
+    tau : float
+        Quantile level in (0, 1).
+    """
+
+    kind: Literal["quantile_regression"] = "quantile_regression"
+    response: str
+    tau: float = 0.5
+    estimator: Literal["dr"] = "dr"
+    sgd: SGDOptions = SGDOptions()
+
+    @model_validator(mode="after")
+    def _check(self) -> QuantileRegressionQuery:
+        if not (math.isfinite(self.tau) and 0.0 < self.tau < 1.0):
+            raise ValueError(f"tau must be in (0, 1), got {self.tau}")
+        if self.response in self.covariates:
+            raise ValueError(f"response {self.response!r} must not also be a covariate")
+        return self
+
+
+class CustomQuery(_QueryBase):
+    """A user loss ``module:callable`` minimised by online averaged SGD on its corrected gradient.
+
+    The callable is called with no argument (or is a loss object itself) and must give a loss
+    object of :mod:`mechanisms.losses` whose data columns are ``fields`` in order, in original
+    units. ``params`` names the coefficients (defaults to ``theta0, theta1, …``); ``init`` is the
+    starting point (defaults to zeros).
+    """
+
+    kind: Literal["custom"] = "custom"
+    loss: str
+    fields: tuple[str, ...]
+    estimator: Literal["dr", "sdr", "sl", "naive"] = "dr"
+    params: tuple[str, ...] | None = None
+    init: tuple[float, ...] | None = None
+    sgd: SGDOptions = SGDOptions()
+
+    @field_validator("loss")
+    @classmethod
+    def _check_loss(cls, v: str) -> str:
+        mod, sep, attr = v.partition(":")
+        if not sep or not mod or not attr:
+            raise ValueError(f"loss must look like 'package.module:callable', got {v!r}")
+        return v
+
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("fields must name at least one numeric field")
+        if len(set(v)) != len(v):
+            raise ValueError(f"fields must be distinct, got {list(v)}")
+        return v
+
+
+Query = Annotated[
+    FrequencyQuery
+    | MeanQuery
+    | VarianceQuery
+    | QuantilesQuery
+    | LinearRegressionQuery
+    | LogisticRegressionQuery
+    | QuantileRegressionQuery
+    | CustomQuery,
+    Field(discriminator="kind"),
+]
+"""Any query spec (discriminated on ``kind``)."""
+
+_ADAPTER: TypeAdapter = TypeAdapter(Query)
+
+
+def parse_query(data: Any) -> Query:
+    """Build a query from a mapping (or return a query unchanged).
+
+    Parameters
+    ----------
+    data : mapping or query model
+        E.g. ``{"kind": "mean", "name": "m", "field": "arr_delay"}``.
+
+    Returns
+    -------
+    Query
+
+    Raises
+    ------
+    ConfigError
+        One line naming the offending key (``queries.<name>.<key>``) and the problem.
+    """
+    if isinstance(data, BaseModel):
+        return data
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        name = data.get("name", "?") if isinstance(data, dict) else "?"
+        raise ConfigError(format_validation_error(exc, prefix=f"queries.{name}")) from None
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """One readable line from a pydantic error: ``<prefix>.<key>: <message>``."""
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ()) if not _is_union_tag(p)]
+    key = ".".join([prefix, *loc] if prefix else loc) or prefix or "config"
+    msg = err.get("msg", "invalid value")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{key}: {msg}{extra}"
+
+
+def _is_union_tag(p: Any) -> bool:
+    return isinstance(p, str) and p in {
+        "frequency", "mean", "variance", "quantiles", "linear_regression",
+        "logistic_regression", "quantile_regression", "custom",
+    }
+
+
+def query_fields(query: Query) -> tuple[str, ...]:
+    """All schema field names a query reads, in the order its state uses them.
+
+    Regression queries list covariates first, then the response/label.
+    """
+    if isinstance(query, (FrequencyQuery, MeanQuery, VarianceQuery, QuantilesQuery)):
+        return (query.field,)
+    if isinstance(query, (LinearRegressionQuery, QuantileRegressionQuery)):
+        return (*query.covariates, query.response)
+    if isinstance(query, LogisticRegressionQuery):
+        return (*query.covariates, query.label)
+    if isinstance(query, CustomQuery):
+        return query.fields
+    raise ConfigError(f"unknown query type {type(query).__name__}")

@@ -1,0 +1,90 @@
+"""Frequency state of a categorical (uRR / uRAP) field: mergeable counts (DESIGN §3, §5).
+
+Wraps ``mechanisms.uldp``: ``mechanism.counts(column)`` per batch, exact merge with ``+``, and
+``mechanism.estimate(counts, method, level)`` for the estimate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aggregator.errors import ConfigError, StateError
+from aggregator.state._fields import categorical_params
+from aggregator.state.base import Estimate, State
+
+__all__ = ["CountsState"]
+
+
+class CountsState(State):
+    """Counts of one categorical field's reports; estimate = category distribution.
+
+    Parameters
+    ----------
+    query : FrequencyQuery
+    schema : TelemetrySchema
+
+    Notes
+    -----
+    ``params`` are the category names (plus ``bot1 … botκ`` for PUM fields, over the extended
+    domain). ``stderr`` is the plug-in standard error of the empirical estimator
+    (``sqrt(m̂(1−m̂)/n)/slope``); for threshold/projected/em it is a conservative yardstick.
+    Merging is exact (integer counts). ``x2`` is not used.
+
+    Raises
+    ------
+    ConfigError
+        If the field is not a categorical field of the schema.
+    """
+
+    kinds = ("frequency",)
+
+    def __init__(self, query, schema) -> None:
+        super().__init__(query, schema)
+        field = self.query.field
+        if field not in tuple(getattr(schema, "categorical_names", ())):
+            raise ConfigError(
+                f"queries.{self.name}.field: {field!r} is not a categorical field of the schema")
+        self.mechanism = schema.categorical_mechanism(field)
+        self.params = categorical_params(schema, field)
+        self.counts = self.mechanism.empty_counts()
+
+    def _update(self, batch, x2) -> None:
+        try:
+            col = batch.categorical[self.query.field]
+        except KeyError:
+            raise StateError(f"batch has no categorical column {self.query.field!r}") from None
+        self.counts += self.mechanism.counts(col)
+
+    def _merge(self, other: CountsState) -> None:
+        self.counts = self.counts + other.counts
+
+    def estimate(self) -> Estimate:
+        """Estimated distribution over ``params`` (see the class notes).
+
+        Raises
+        ------
+        EmptyStateError
+            With no report.
+        """
+        self._require_n(1)
+        est = self.mechanism.estimate(self.counts, self.query.method, level=self.query.level)
+        return Estimate(self.name, self.params, est.p, est.stderr, est.ci_low, est.ci_high,
+                        self.counts.n, self.query.level, self.query.method)
+
+    def _get_data(self) -> dict:
+        return {"counts": self.counts.to_dict()}
+
+    def _set_data(self, data: dict) -> None:
+        from mechanisms.uldp.counts import FrequencyCounts
+
+        counts = FrequencyCounts.from_dict(data["counts"])
+        if counts.signature != self.counts.signature:
+            raise StateError("serialized counts belong to another mechanism")
+        self.counts = counts
+
+    def __repr__(self) -> str:
+        try:
+            return (f"CountsState(query={self.name!r}, field={self.query.field!r}, "
+                    f"method={self.query.method}, n={self._n}, k={np.size(self.counts.counts)})")
+        except Exception:
+            return "<CountsState (unprintable)>"
