@@ -1,0 +1,420 @@
+"""Columnar wire format of a batch of reports (DESIGN §4; specification in docs/wire-format.md).
+
+``encode(batch) -> bytes`` and ``decode(data, known_schemas) -> ReportBatch``. All integers are
+little-endian. Layout::
+
+    header (32 bytes)  magic b"LDPR" | version u8 = 1 | flags u8 = 0 | reserved u16 = 0
+                       | fingerprint 16 bytes | n u32 | d u16 | n_cat u16
+    numeric block      n × d float64 (row-major, report after report)
+    n_cat blocks       block header (12 bytes): kind u8 | width u8 | len_width u8 | reserved u8 = 0
+                                                | k u32 | payload_len u32
+                       then payload_len bytes:
+                       kind 1 CODES  (uRR):  n codes as u{width}; k = 0 (domain from the schema)
+                       kind 2 SPARSE (uRAP): n report lengths as u{len_width}, then the
+                                             positions of the ones as u{width}
+                       kind 3 BITMAP (uRAP): n × ceil(k/8) bytes, bit j of a report at byte j//8,
+                                             bit j%8 (LSB first); padding bits 0
+
+The decoder validates everything and raises a :class:`DecodeError` subclass whose ``reason``
+class attribute is a stable metric label (see :data:`DECODE_REASONS`).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Mapping
+
+import numpy as np
+
+from ingest.batch import ReportBatch
+from ingest.errors import DecodeError, SchemaError
+from ingest.schema import TelemetrySchema
+from mechanisms.errors import ParameterError
+from mechanisms.uldp.sparse import SparseBits
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DECODE_REASONS",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_REPORTS",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "BadLengthError",
+    "BadMagicError",
+    "InternalDecodeError",
+    "MalformedError",
+    "NonFiniteError",
+    "OutOfRangeError",
+    "SchemaMismatchError",
+    "TooLargeError",
+    "TrailingBytesError",
+    "TruncatedError",
+    "UnknownFingerprintError",
+    "UnsupportedVersionError",
+    "decode",
+    "encode",
+    "peek_header",
+]
+
+MAGIC = b"LDPR"
+FORMAT_VERSION = 1
+DEFAULT_MAX_REPORTS = 1_000_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+KIND_CODES, KIND_SPARSE, KIND_BITMAP = 1, 2, 3
+
+_HEADER = struct.Struct("<4sBBH16sIHH")
+_BLOCK = struct.Struct("<BBBBII")
+_UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_F8 = np.dtype("<f8")
+
+
+# ---------------------------------------------------------------------- errors
+class TruncatedError(DecodeError):
+    """The record ends before a declared block does."""
+
+    reason = "truncated"
+
+
+class BadMagicError(DecodeError):
+    """The record does not start with ``MAGIC``."""
+
+    reason = "bad_magic"
+
+
+class UnsupportedVersionError(DecodeError):
+    """The format version is not one this decoder reads."""
+
+    reason = "unsupported_version"
+
+
+class UnknownFingerprintError(DecodeError):
+    """The schema fingerprint is not among the known schemas."""
+
+    reason = "unknown_fingerprint"
+
+
+class SchemaMismatchError(DecodeError):
+    """The record's shape (d, number/kind of blocks, k) disagrees with its schema."""
+
+    reason = "schema_mismatch"
+
+
+class BadLengthError(DecodeError):
+    """A block's declared length is inconsistent with its content."""
+
+    reason = "bad_length"
+
+
+class NonFiniteError(DecodeError):
+    """A numeric value is NaN or infinite."""
+
+    reason = "non_finite"
+
+
+class OutOfRangeError(DecodeError):
+    """A category code or bit position is ≥ k (or a bitmap padding bit is set)."""
+
+    reason = "out_of_range"
+
+
+class TooLargeError(DecodeError):
+    """The record exceeds ``max_bytes`` or declares more than ``max_reports`` reports."""
+
+    reason = "too_large"
+
+
+class TrailingBytesError(DecodeError):
+    """Bytes remain after the last declared block."""
+
+    reason = "trailing_bytes"
+
+
+class MalformedError(DecodeError):
+    """Any other structural error (reserved bits set, unknown block kind or width, unsorted
+    positions, not bytes)."""
+
+    reason = "malformed"
+
+
+class InternalDecodeError(DecodeError):
+    """An unexpected exception inside the decoder (a bug); the record is treated as undecodable."""
+
+    reason = "internal_error"
+
+
+#: Every ``reason`` label a decode failure can carry.
+DECODE_REASONS = tuple(
+    c.reason
+    for c in (TruncatedError, BadMagicError, UnsupportedVersionError, UnknownFingerprintError,
+              SchemaMismatchError, BadLengthError, NonFiniteError, OutOfRangeError, TooLargeError,
+              TrailingBytesError, MalformedError, InternalDecodeError)
+)
+
+
+# ---------------------------------------------------------------------- encode
+def _width(max_value: int) -> int:
+    return 1 if max_value < 1 << 8 else 2 if max_value < 1 << 16 else 4
+
+
+def encode(batch: ReportBatch) -> bytes:
+    """Serialize a batch of reports into one wire record.
+
+    Parameters
+    ----------
+    batch : ReportBatch
+        ``n`` reports; numeric ``(n, d)`` finite float64; categorical int codes ≥ 0 (uRR) or
+        :class:`SparseBits` (uRAP), in schema order.
+
+    Returns
+    -------
+    bytes
+        ``32 + 8·n·d + Σ blocks`` bytes (see the module docstring and docs/wire-format.md).
+        uRAP columns use the smaller of the sparse and bitmap layouts.
+
+    Raises
+    ------
+    SchemaError
+        If the batch cannot be represented: fingerprint not 16 bytes, non-finite numbers,
+        negative codes, n ≥ 2³², d or the number of fields ≥ 2¹⁶.
+    """
+    if not isinstance(batch, ReportBatch):
+        raise SchemaError(f"batch must be a ReportBatch, got {type(batch).__name__}")
+    fp = bytes(batch.fingerprint)
+    if len(fp) != 16:
+        raise SchemaError(f"fingerprint must be 16 bytes, got {len(fp)}")
+    num = batch.numeric
+    n, d = num.shape
+    if n >= 1 << 32 or d >= 1 << 16 or len(batch.categorical) >= 1 << 16:
+        raise SchemaError(f"batch too large for the wire format: n={n}, d={d}")
+    if num.size and not np.isfinite(num).all():
+        raise SchemaError("numeric reports must be finite to be encoded")
+    parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, fp, n, d, len(batch.categorical)),
+             num.astype(_F8, copy=False).tobytes()]
+    for name, col in batch.categorical.items():
+        if isinstance(col, SparseBits):
+            parts += _encode_bits(col)
+        else:
+            codes = np.asarray(col)
+            if codes.dtype.kind not in "iu":
+                raise SchemaError(f"categorical field {name!r}: codes must be integers, got {codes.dtype}")
+            top = int(codes.max()) if codes.size else 0
+            if codes.size and int(codes.min()) < 0:
+                raise SchemaError(f"categorical field {name!r}: codes must be >= 0")
+            w = _width(top)
+            payload = codes.astype(_UINT[w], copy=False).tobytes()
+            parts += [_BLOCK.pack(KIND_CODES, w, 0, 0, 0, len(payload)), payload]
+    return b"".join(parts)
+
+
+def _encode_bits(col: SparseBits) -> list[bytes]:
+    n, k, nnz = col.n, int(col.k), int(col.indices.size)
+    w = _width(k - 1)
+    lw = _width(k)
+    sparse_size = n * lw + nnz * w
+    row_bytes = (k + 7) // 8
+    bitmap_size = n * row_bytes
+    if bitmap_size < sparse_size:
+        dense = np.zeros((n, row_bytes * 8), dtype=np.uint8)
+        rows = np.repeat(np.arange(n), np.diff(col.offsets))
+        dense[rows, col.indices] = 1
+        payload = np.packbits(dense, axis=1, bitorder="little").tobytes()
+        return [_BLOCK.pack(KIND_BITMAP, 0, 0, 0, k, len(payload)), payload]
+    lens = np.diff(col.offsets).astype(_UINT[lw])
+    payload = lens.tobytes() + col.indices.astype(_UINT[w], copy=False).tobytes()
+    return [_BLOCK.pack(KIND_SPARSE, w, lw, 0, k, len(payload)), payload]
+
+
+# ---------------------------------------------------------------------- decode
+def peek_header(data: bytes) -> tuple[int, bytes, int]:
+    """Read ``(version, fingerprint, n)`` from a record header without decoding the body.
+
+    Raises
+    ------
+    TruncatedError, BadMagicError, MalformedError
+    """
+    mv = _as_view(data)
+    if len(mv) < _HEADER.size:
+        raise TruncatedError(f"record has {len(mv)} bytes, the header needs {_HEADER.size}")
+    magic, version, _flags, _res, fp, n, _d, _nc = _HEADER.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise BadMagicError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    return int(version), bytes(fp), int(n)
+
+
+def decode(data: bytes, known_schemas: Mapping[bytes, TelemetrySchema], *,
+           max_reports: int = DEFAULT_MAX_REPORTS, max_bytes: int = DEFAULT_MAX_BYTES) -> ReportBatch:
+    """Parse and validate one wire record.
+
+    Parameters
+    ----------
+    data : bytes-like
+        One record as produced by :func:`encode`.
+    known_schemas : mapping fingerprint (16 bytes) → TelemetrySchema
+        Records of any other schema are refused.
+    max_reports : int
+        Largest accepted report count (default 10⁶).
+    max_bytes : int
+        Largest accepted record size in bytes (default 64 MiB).
+
+    Returns
+    -------
+    ReportBatch
+        Numeric ``(n, d)`` float64; uRR columns int32 ``(n,)``; uRAP columns :class:`SparseBits`,
+        keyed by the schema's field names in schema order.
+
+    Raises
+    ------
+    DecodeError
+        Always a subclass with a ``reason`` label: ``truncated``, ``bad_magic``,
+        ``unsupported_version``, ``unknown_fingerprint``, ``schema_mismatch``, ``bad_length``,
+        ``non_finite``, ``out_of_range``, ``too_large``, ``trailing_bytes``, ``malformed``
+        (``internal_error`` would mean a decoder bug). Never any other exception.
+    """
+    try:
+        return _decode(data, known_schemas, max_reports, max_bytes)
+    except DecodeError:
+        raise
+    except Exception as exc:  # safety net: a wire record must never crash a worker
+        logger.exception("unexpected error while decoding a record")
+        raise InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}") from exc
+
+
+def _as_view(data) -> memoryview:
+    if isinstance(data, bytes | bytearray | memoryview):
+        mv = memoryview(data)
+        return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+    raise MalformedError(f"record must be bytes, got {type(data).__name__}")
+
+
+def _decode(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_bytes: int) -> ReportBatch:
+    mv = _as_view(data)
+    size = len(mv)
+    if size > max_bytes:
+        raise TooLargeError(f"record has {size} bytes, more than max_bytes={max_bytes}")
+    if size < _HEADER.size:
+        raise TruncatedError(f"record has {size} bytes, the header needs {_HEADER.size}")
+    magic, version, flags, reserved, fp, n, d, n_cat = _HEADER.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise BadMagicError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(f"format version {version} not supported (this decoder reads "
+                                      f"{FORMAT_VERSION})")
+    if flags or reserved:
+        raise MalformedError(f"reserved header bits set: flags={flags}, reserved={reserved}")
+    schema = known.get(bytes(fp))
+    if schema is None:
+        raise UnknownFingerprintError(f"unknown schema fingerprint {bytes(fp).hex()}")
+    if n > max_reports:
+        raise TooLargeError(f"record declares {n} reports, more than max_reports={max_reports}")
+    if d != schema.dim:
+        raise SchemaMismatchError(
+            f"record has d={d} numeric columns, schema {schema.name!r} has {schema.dim}")
+    if n_cat != len(schema.categorical):
+        raise SchemaMismatchError(f"record has {n_cat} categorical blocks, schema {schema.name!r} has "
+                                  f"{len(schema.categorical)}")
+    pos = _HEADER.size
+    nb = n * d * 8
+    if pos + nb > size:
+        raise TruncatedError(f"numeric block needs {nb} bytes, {size - pos} left")
+    numeric = np.frombuffer(mv, dtype=_F8, count=n * d, offset=pos).reshape(n, d).astype(np.float64)
+    if numeric.size and not np.isfinite(numeric).all():
+        bad = np.argwhere(~np.isfinite(numeric))[0]
+        raise NonFiniteError(
+            f"numeric field {schema.numeric_names[bad[1]]!r}: non-finite value in report {bad[0]}")
+    pos += nb
+    cat: dict[str, np.ndarray | SparseBits] = {}
+    for f in schema.categorical:
+        if pos + _BLOCK.size > size:
+            raise TruncatedError(
+                f"field {f.name!r}: block header needs {_BLOCK.size} bytes, {size - pos} left")
+        kind, w, lw, res, k, plen = _BLOCK.unpack_from(mv, pos)
+        pos += _BLOCK.size
+        if res:
+            raise MalformedError(f"field {f.name!r}: reserved block byte set")
+        if pos + plen > size:
+            raise TruncatedError(f"field {f.name!r}: payload needs {plen} bytes, {size - pos} left")
+        payload = mv[pos:pos + plen]
+        pos += plen
+        if f.mechanism == "urr":
+            if kind != KIND_CODES:
+                raise SchemaMismatchError(f"field {f.name!r}: uRR field needs a codes block, got kind {kind}")
+            cat[f.name] = _decode_codes(f.name, payload, n, w, lw, k, f.k)
+        else:
+            if kind not in (KIND_SPARSE, KIND_BITMAP):
+                raise SchemaMismatchError(f"field {f.name!r}: uRAP field needs a sparse or bitmap block, "
+                                          f"got kind {kind}")
+            if k != f.k:
+                raise SchemaMismatchError(f"field {f.name!r}: block has k={k}, schema has k={f.k}")
+            if kind == KIND_SPARSE:
+                cat[f.name] = _decode_sparse(f.name, payload, n, w, lw, k)
+            else:
+                cat[f.name] = _decode_bitmap(f.name, payload, n, w, lw, k)
+    if pos != size:
+        raise TrailingBytesError(f"{size - pos} bytes after the last block")
+    return ReportBatch(bytes(fp), numeric, cat)
+
+
+def _decode_codes(name: str, payload: memoryview, n: int, w: int, lw: int, k: int,
+                  k_schema: int) -> np.ndarray:
+    if w not in _UINT or lw != 0 or k != 0:
+        raise MalformedError(f"field {name!r}: bad codes block header (width={w}, len_width={lw}, k={k})")
+    if len(payload) != n * w:
+        raise BadLengthError(f"field {name!r}: codes block has {len(payload)} bytes, expected {n * w}")
+    codes = np.frombuffer(payload, dtype=_UINT[w], count=n)
+    if n and int(codes.max()) >= k_schema:
+        raise OutOfRangeError(f"field {name!r}: code {int(codes.max())} >= k={k_schema}")
+    return codes.astype(np.int32)
+
+
+def _decode_sparse(name: str, payload: memoryview, n: int, w: int, lw: int, k: int) -> SparseBits:
+    if w not in _UINT or lw not in _UINT:
+        raise MalformedError(f"field {name!r}: bad sparse block widths (width={w}, len_width={lw})")
+    head = n * lw
+    if len(payload) < head or (len(payload) - head) % w:
+        raise BadLengthError(f"field {name!r}: sparse payload of {len(payload)} bytes does not fit "
+                             f"{n} lengths of {lw} bytes plus whole {w}-byte indices")
+    nnz = (len(payload) - head) // w
+    lens = np.frombuffer(payload, dtype=_UINT[lw], count=n).astype(np.int64)
+    if n and int(lens.max()) > k:
+        raise OutOfRangeError(f"field {name!r}: a report has {int(lens.max())} ones, more than k={k}")
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    if offsets[-1] != nnz:
+        raise BadLengthError(f"field {name!r}: report lengths sum to {int(offsets[-1])}, payload holds {nnz}")
+    idx = np.frombuffer(payload, dtype=_UINT[w], count=nnz, offset=head)
+    if nnz and int(idx.max()) >= k:
+        raise OutOfRangeError(f"field {name!r}: bit position {int(idx.max())} >= k={k}")
+    idx = idx.astype(np.int32)
+    if nnz > 1:
+        inc = idx[1:] > idx[:-1]
+        start = np.zeros(nnz, dtype=bool)
+        start[offsets[:-1][lens > 0]] = True
+        if not np.all(inc | start[1:]):
+            raise MalformedError(f"field {name!r}: bit positions not strictly increasing within a report")
+    return _sparse(name, idx, offsets, k)
+
+
+def _decode_bitmap(name: str, payload: memoryview, n: int, w: int, lw: int, k: int) -> SparseBits:
+    if w or lw:
+        raise MalformedError(f"field {name!r}: bad bitmap block header (width={w}, len_width={lw})")
+    rb = (k + 7) // 8
+    if len(payload) != n * rb:
+        raise BadLengthError(f"field {name!r}: bitmap has {len(payload)} bytes, expected {n * rb}")
+    raw = np.frombuffer(payload, dtype=np.uint8, count=n * rb).reshape(n, rb)
+    bits = np.unpackbits(raw, axis=1, bitorder="little")
+    if bits.shape[1] > k and bits[:, k:].any():
+        raise OutOfRangeError(f"field {name!r}: bitmap padding bit set (position >= k={k})")
+    rows, cols = np.nonzero(bits[:, :k])
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=offsets[1:])
+    return _sparse(name, cols.astype(np.int32), offsets, k)
+
+
+def _sparse(name: str, idx: np.ndarray, offsets: np.ndarray, k: int) -> SparseBits:
+    try:
+        return SparseBits(idx, offsets, k)
+    except ParameterError as exc:
+        raise MalformedError(f"field {name!r}: {exc}") from None

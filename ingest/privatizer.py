@@ -1,0 +1,424 @@
+"""Client-side privatizer: raw events → privatized :class:`~ingest.batch.ReportBatch` (DESIGN §2–4).
+
+* Numeric fields: clipped into the schema's box, then ONE ZIL draw over all numeric fields per
+  report (``mechanisms.zil.ZILMechanism``; a common zero indicator and a common W).
+* Categorical fields: value → code (``fallback`` for unknown strings if declared) → uRR codes or
+  uRAP :class:`~mechanisms.uldp.SparseBits` (``mechanisms.uldp``). PUM fields first map the
+  user's personally sensitive values to a bot symbol.
+
+Both :meth:`Privatizer.privatize` (one event) and :meth:`Privatizer.privatize_batch` go through
+the same vectorised code path, so validation and clipping are identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ingest.batch import ReportBatch
+from ingest.errors import SchemaError
+from ingest.schema import CategoricalField, TelemetrySchema
+from mechanisms.rng import RngLike, as_generator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["INVALID_REASONS", "Privatizer", "PrivatizerStats"]
+
+#: Reasons a row can be invalid (labels of :attr:`PrivatizerStats.skipped`).
+INVALID_REASONS = ("missing", "wrong_type", "non_finite", "unknown_category")
+
+_BOT_SUFFIX = "__bot"
+
+
+@dataclass
+class PrivatizerStats:
+    """Running counters of a :class:`Privatizer` (plain data; safe to export as metrics).
+
+    Attributes
+    ----------
+    reports : int
+        Reports produced.
+    rows_in : int
+        Rows (events) received.
+    clipped_rows : int
+        Reports with at least one numeric value clipped into its bounds.
+    clipped : Counter[str]
+        Clipped values per numeric field.
+    skipped : Counter[str]
+        Rows dropped under ``on_invalid="skip"``, by reason (first failing field in schema order);
+        reasons are :data:`INVALID_REASONS`.
+    skipped_by_field : Counter[str]
+        The same rows by the first failing field.
+    fallback : Counter[str]
+        Unknown categories mapped to the field's ``fallback``, per field.
+    """
+
+    reports: int = 0
+    rows_in: int = 0
+    clipped_rows: int = 0
+    clipped: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)
+    skipped_by_field: Counter = field(default_factory=Counter)
+    fallback: Counter = field(default_factory=Counter)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data copy."""
+        return {
+            "reports": self.reports,
+            "rows_in": self.rows_in,
+            "clipped_rows": self.clipped_rows,
+            "clipped": dict(self.clipped),
+            "skipped": dict(self.skipped),
+            "skipped_by_field": dict(self.skipped_by_field),
+            "fallback": dict(self.fallback),
+        }
+
+
+class Privatizer:
+    """Privatize events of one :class:`TelemetrySchema` on the client.
+
+    Parameters
+    ----------
+    schema : TelemetrySchema
+    rng : Generator, int or None
+        Noise source; ``None`` (the default, and the only choice for production) seeds from OS
+        entropy. Ints are for tests and benchmarks.
+    personal_sensitive : mapping str → (iterable of str | mapping str → int), optional
+        For PUM fields (``personalized`` set in the schema): this user's personally sensitive
+        values. An iterable maps every listed value to bot ⊥₁ (code ``len(categories)``); a
+        mapping ``value → bot index`` (0-based, < κ) picks the bot. Batches may instead carry a
+        per-row int column ``"<field>__bot"`` (−1 = not personal, else the bot index).
+
+    Raises
+    ------
+    SchemaError
+        If ``personal_sensitive`` names a field that is not a PUM field or a value/bot that does
+        not exist.
+
+    Notes
+    -----
+    ``privatize`` returns a :class:`ReportBatch` of one report (a single-report record is a batch
+    of one, DESIGN §4). Source: DESIGN §2 (ZIL), §3 (uRR, uRAP, PUM), §4.
+    """
+
+    def __init__(self, schema: TelemetrySchema, rng: RngLike = None, *,
+                 personal_sensitive: Mapping[str, Iterable[str] | Mapping[str, int]] | None = None) -> None:
+        if not isinstance(schema, TelemetrySchema):
+            raise SchemaError(f"schema must be a TelemetrySchema, got {type(schema).__name__}")
+        self.schema = schema
+        self._rng = as_generator(rng)
+        self._zil = schema.zil_mechanism()
+        self._cat_mechs = {c.name: schema.categorical_mechanism(c.name) for c in schema.categorical}
+        self._luts = {c.name: {v: i for i, v in enumerate(c.categories)} for c in schema.categorical}
+        self._personal = self._check_personal(personal_sensitive or {})
+        self.stats = PrivatizerStats()
+
+    # ------------------------------------------------------------------ public API
+    def privatize(self, event: Mapping[str, Any]) -> ReportBatch:
+        """Privatize one event into a batch of one report.
+
+        Parameters
+        ----------
+        event : mapping field name → value
+            Numeric fields: real numbers (int/float, not bool); categorical: strings. Extra keys
+            are ignored.
+
+        Returns
+        -------
+        ReportBatch
+            ``n == 1``.
+
+        Raises
+        ------
+        SchemaError
+            If a value is missing, NaN/inf, of the wrong type, or an unknown category (without
+            ``fallback``); the message names the field.
+        """
+        if not isinstance(event, Mapping):
+            raise SchemaError(f"event must be a mapping of field name to value, got {type(event).__name__}")
+        cols: dict[str, Any] = {}
+        for name in (*self.schema.numeric_names, *self.schema.categorical_names):
+            cell = np.empty(1, dtype=object)
+            cell[0] = event.get(name)
+            cols[name] = cell
+            if name + _BOT_SUFFIX in event:
+                cols[name + _BOT_SUFFIX] = np.array([event[name + _BOT_SUFFIX]])
+        return self._run(cols, 1, "raise")
+
+    def privatize_batch(self, columns: Mapping[str, Any], *,
+                        on_invalid: Literal["raise", "skip"] = "raise") -> ReportBatch:
+        """Privatize a batch of events given column by column (vectorised).
+
+        Parameters
+        ----------
+        columns : mapping str → array-like of length n, or pandas.DataFrame
+            One column per schema field (extra columns are ignored). Numeric columns may be float
+            arrays with NaN for missing values, or object arrays with None; categorical columns
+            are arrays/lists of strings (None/NaN = missing).
+        on_invalid : {"raise", "skip"}
+            ``"raise"``: the first invalid value raises SchemaError naming the field and row.
+            ``"skip"``: rows with a missing / NaN / non-numeric value or an unknown category are
+            dropped and counted in :attr:`stats` by reason.
+
+        Returns
+        -------
+        ReportBatch
+            ``n`` = number of valid rows; numeric ``(n, d)`` float64 in original units.
+
+        Raises
+        ------
+        SchemaError
+            A schema field has no column, columns differ in length, ``on_invalid`` is not
+            recognised, or (with ``"raise"``) a value is invalid.
+        """
+        if on_invalid not in ("raise", "skip"):
+            raise SchemaError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+        if not hasattr(columns, "__getitem__") or not hasattr(columns, "__contains__"):
+            raise SchemaError(
+                f"columns must be a mapping of column name to array, got {type(columns).__name__}")
+        n = None
+        cols: dict[str, Any] = {}
+        for name in (*self.schema.numeric_names, *self.schema.categorical_names):
+            if name not in columns:
+                raise SchemaError(f"field {name!r}: no such column in the batch")
+            col = _as_array(columns[name], name)
+            if n is None:
+                n = col.shape[0]
+            elif col.shape[0] != n:
+                raise SchemaError(f"field {name!r}: column has {col.shape[0]} rows, expected {n}")
+            cols[name] = col
+        for name in self.schema.categorical_names:
+            bot = name + _BOT_SUFFIX
+            if bot in columns:
+                cols[bot] = _as_array(columns[bot], bot)
+                if cols[bot].shape[0] != n:
+                    raise SchemaError(f"field {bot!r}: column has {cols[bot].shape[0]} rows, expected {n}")
+        return self._run(cols, int(n or 0), on_invalid)
+
+    # ------------------------------------------------------------------ internals
+    def _run(self, cols: dict[str, np.ndarray], n: int, on_invalid: str) -> ReportBatch:
+        schema = self.schema
+        self.stats.rows_in += n
+        valid = np.ones(n, dtype=bool)
+        first_reason = np.full(n, -1, dtype=np.int8)
+        first_field = np.full(n, -1, dtype=np.int16)
+        fields = [*schema.numeric_names, *schema.categorical_names]
+
+        def mark(j: int, bad: np.ndarray, reason: str) -> None:
+            if not bad.any():
+                return
+            if on_invalid == "raise":
+                row = int(np.flatnonzero(bad)[0])
+                raw = cols[fields[j]][row]
+                where = f" (row {row})" if n > 1 else ""
+                what = {"missing": "value is missing", "wrong_type": f"value {raw!r} is not a real number",
+                        "non_finite": f"value {raw!r} is not finite",
+                        "unknown_category": f"unknown category {raw!r}"}[reason]
+                if reason == "wrong_type" and isinstance(schema.field(fields[j]), CategoricalField):
+                    what = f"value {raw!r} is not a string"
+                raise SchemaError(f"field {fields[j]!r}: {what}{where}")
+            new = bad & (first_reason < 0)
+            first_reason[new] = INVALID_REASONS.index(reason)
+            first_field[new] = j
+            valid[bad] = False
+
+        # numeric block: parse, validate
+        d = schema.dim
+        x = np.empty((n, d), dtype=np.float64)
+        for j, name in enumerate(schema.numeric_names):
+            vals, missing, wrong = _numeric_column(cols[name])
+            mark(j, missing, "missing")
+            mark(j, wrong & ~missing, "wrong_type")
+            nonfin = ~np.isfinite(vals) & ~missing & ~wrong
+            mark(j, nonfin, "non_finite")
+            x[:, j] = vals
+        # categorical: map to codes
+        codes: dict[str, np.ndarray] = {}
+        fallback_hits: dict[str, np.ndarray] = {}
+        for jj, c in enumerate(schema.categorical):
+            j = d + jj
+            code, missing, wrong, unknown = self._category_codes(c, cols[c.name])
+            mark(j, missing, "missing")
+            mark(j, wrong, "wrong_type")
+            if c.fallback is not None:
+                code[unknown] = self._luts[c.name][c.fallback]
+                fallback_hits[c.name] = unknown
+            else:
+                mark(j, unknown, "unknown_category")
+            codes[c.name] = code
+
+        if not valid.all():
+            bad = ~valid
+            for r, cnt in zip(*np.unique(first_reason[bad], return_counts=True)):
+                self.stats.skipped[INVALID_REASONS[int(r)]] += int(cnt)
+            for f, cnt in zip(*np.unique(first_field[bad], return_counts=True)):
+                self.stats.skipped_by_field[fields[int(f)]] += int(cnt)
+            x = x[valid]
+            codes = {k: v[valid] for k, v in codes.items()}
+            cols = {k: (v[valid] if k.endswith(_BOT_SUFFIX) else v) for k, v in cols.items()}
+            fallback_hits = {k: v[valid] for k, v in fallback_hits.items()}
+        for k, v in fallback_hits.items():
+            if v.any():
+                self.stats.fallback[k] += int(v.sum())
+        m = int(x.shape[0])
+
+        # numeric: clip (counted), then ONE ZIL draw per report
+        if self._zil is not None:
+            lo, hi = self._zil.low, self._zil.high
+            out_of = (x < lo) | (x > hi)
+            if out_of.any():
+                per_field = out_of.sum(axis=0)
+                for j, name in enumerate(schema.numeric_names):
+                    if per_field[j]:
+                        self.stats.clipped[name] += int(per_field[j])
+                self.stats.clipped_rows += int(out_of.any(axis=1).sum())
+                np.clip(x, lo, hi, out=x)
+            released = self._zil.privatize(x, self._rng) if m else x
+        else:
+            released = np.empty((m, 0), dtype=np.float64)
+
+        # categorical mechanisms
+        cat_out: dict[str, Any] = {}
+        for c in schema.categorical:
+            code = codes[c.name]
+            if c.personalized is not None:
+                code = self._apply_pum(c, code, cols.get(c.name + _BOT_SUFFIX))
+            cat_out[c.name] = self._cat_mechs[c.name].privatize(code, self._rng)
+        self.stats.reports += m
+        return ReportBatch(schema.fingerprint, released, cat_out)
+
+    def _category_codes(self, c: CategoricalField, col: np.ndarray):
+        lut = self._luts[c.name]
+        n = col.shape[0]
+        if col.dtype.kind == "U":
+            code = np.fromiter((lut.get(v, -1) for v in col.tolist()), dtype=np.int32, count=n)
+            zeros = np.zeros(n, dtype=bool)
+            return code, zeros, zeros.copy(), code < 0
+        if col.dtype.kind != "O":
+            # numbers / bools are not categories
+            if col.dtype.kind == "f":
+                missing = np.isnan(col)
+            else:
+                missing = np.zeros(n, dtype=bool)
+            z = np.zeros(n, dtype=np.int32)
+            return z, missing, ~missing, np.zeros(n, dtype=bool)
+        items = col.tolist()
+        code = np.fromiter((lut.get(v, -1) if isinstance(v, str) else -2 for v in items),
+                           dtype=np.int32, count=n)
+        unknown = code == -1
+        nonstr = code == -2
+        missing = np.zeros(n, dtype=bool)
+        if nonstr.any():
+            for i in np.flatnonzero(nonstr):
+                v = items[i]
+                if v is None or (isinstance(v, float) and math.isnan(v)) or _is_na(v):
+                    missing[i] = True
+        wrong = nonstr & ~missing
+        code[code < 0] = 0
+        return code, missing, wrong, unknown
+
+    def _apply_pum(self, c: CategoricalField, code: np.ndarray, bot_col) -> np.ndarray:
+        base = len(c.categories)
+        out = code.copy()
+        mapping = self._personal.get(c.name)
+        if mapping:
+            table = np.full(base, -1, dtype=np.int32)
+            for v, b in mapping.items():
+                table[self._luts[c.name][v]] = b
+            hit = table[code]
+            out = np.where(hit >= 0, base + hit, out)
+        if bot_col is not None:
+            b = _int_column(bot_col, c.name + _BOT_SUFFIX)
+            if np.any((b < -1) | (b >= c.personalized.bots)):
+                raise SchemaError(f"field {c.name + _BOT_SUFFIX!r}: bot index must be -1 or in "
+                                  f"[0, {c.personalized.bots}), got {b.min()}..{b.max()}")
+            out = np.where(b >= 0, base + b, out).astype(np.int32)
+        return out.astype(np.int32, copy=False)
+
+    def _check_personal(self, ps: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for name, vals in ps.items():
+            try:
+                c = self.schema.categorical_field(name)
+            except SchemaError:
+                raise SchemaError(f"personal_sensitive: no categorical field {name!r}") from None
+            if c.personalized is None:
+                raise SchemaError(f"personal_sensitive: field {name!r} is not personalized (PUM)")
+            m = dict(vals) if isinstance(vals, Mapping) else dict.fromkeys(vals, 0)
+            for v, b in m.items():
+                if v not in self._luts[name]:
+                    raise SchemaError(f"personal_sensitive: field {name!r} has no category {v!r}")
+                if not (isinstance(b, numbers.Integral) and 0 <= b < c.personalized.bots):
+                    raise SchemaError(f"personal_sensitive: field {name!r}: bot index must be in "
+                                      f"[0, {c.personalized.bots}), got {b!r}")
+            out[name] = {v: int(b) for v, b in m.items()}
+        return out
+
+    def __repr__(self) -> str:
+        return f"Privatizer(schema={self.schema.name!r}, reports={self.stats.reports})"
+
+
+# ---------------------------------------------------------------------- column helpers
+def _as_array(col: Any, name: str) -> np.ndarray:
+    if hasattr(col, "to_numpy") and not isinstance(col, np.ndarray):
+        if getattr(col.dtype, "kind", None) in ("f", "i", "u") and str(col.dtype)[0].islower():
+            a = col.to_numpy()
+        else:
+            a = col.to_numpy(dtype=object)
+    else:
+        try:
+            a = np.asarray(col)
+        except (TypeError, ValueError):
+            a = np.asarray(list(col), dtype=object)
+    if a.ndim == 0:
+        raise SchemaError(f"field {name!r}: expected a 1-d column, got a scalar")
+    if a.ndim != 1:
+        raise SchemaError(f"field {name!r}: expected a 1-d column, got shape {a.shape}")
+    return a
+
+
+def _numeric_column(col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (float64 values, missing mask, wrong-type mask)."""
+    n = col.shape[0]
+    kind = col.dtype.kind
+    if kind in "fiu":
+        v = col.astype(np.float64, copy=False)
+        return v, np.isnan(v), np.zeros(n, dtype=bool)
+    if kind != "O":
+        # strings, bools, datetimes: every entry is of the wrong type
+        return np.zeros(n), np.zeros(n, dtype=bool), np.ones(n, dtype=bool)
+    items = col.tolist()
+    vals = np.empty(n, dtype=np.float64)
+    missing = np.zeros(n, dtype=bool)
+    wrong = np.zeros(n, dtype=bool)
+    for i, v in enumerate(items):
+        if isinstance(v, numbers.Real) and not isinstance(v, bool | np.bool_):
+            vals[i] = float(v)
+            if vals[i] != vals[i]:
+                missing[i] = True
+        elif v is None or _is_na(v):
+            vals[i] = 0.0
+            missing[i] = True
+        else:
+            vals[i] = 0.0
+            wrong[i] = True
+    return vals, missing, wrong
+
+
+def _int_column(col: np.ndarray, name: str) -> np.ndarray:
+    if col.dtype.kind not in "iu":
+        raise SchemaError(f"field {name!r}: expected integers, got dtype {col.dtype}")
+    return col.astype(np.int64)
+
+
+def _is_na(v: Any) -> bool:
+    """pandas.NA / NaT without importing pandas."""
+    t = type(v).__name__
+    return t in ("NAType", "NaTType")

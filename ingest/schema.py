@@ -1,0 +1,706 @@
+"""Telemetry schema: which fields a report carries and how each is privatized (DESIGN §4).
+
+A :class:`TelemetrySchema` is written by hand in TOML, e.g.::
+
+    name = "flights"
+    version = 1
+
+    [numeric]                 # all numeric fields form ONE ZIL vector
+    zero_prob = 0.2
+    scale = 1.0               # or: epsilon = 2.0 and delta = 0.25 (calibrated, record level)
+
+    [[numeric.fields]]
+    name = "arr_delay"
+    low = -60.0
+    high = 240.0
+    unit = "min"
+
+    [[categorical]]
+    name = "carrier"
+    categories = ["9E", "AA", "..."]
+    sensitive = ["OO", "YV"]
+    mechanism = "urap"        # or "urr"
+    epsilon = 1.0
+    # theta = 0.6             # uRAP only; default e^{ε/2}/(e^{ε/2}+1)
+    # fallback = "other"      # unknown values map to this category instead of failing
+    # personalized = { bots = 1 }   # PUM (DESIGN §3): bot symbols appended to the domain
+
+The schema is frozen; its :attr:`TelemetrySchema.fingerprint` (16-byte blake2b of the canonical
+JSON) travels in every wire record and changes with any parameter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import tomllib
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ingest.errors import SchemaError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CategoricalField",
+    "NumericField",
+    "NumericGroup",
+    "PersonalizedSetting",
+    "TelemetrySchema",
+]
+
+_FINGERPRINT_DOMAIN = b"ldp-stream/schema/v1\n"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class NumericField(_Frozen):
+    """One numeric field of the ZIL vector (DESIGN §2, §4).
+
+    Parameters
+    ----------
+    name : str
+        Field name (the key in events / column in batches).
+    low, high : float
+        Finite bounds in original units, ``low < high``. Values are clipped into ``[low, high]``
+        before noise is added; the guarantee holds only for the clipped box.
+    unit, description : str, optional
+        Documentation only (part of the fingerprint nonetheless).
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema` when ``low >= high`` or a bound is not finite.
+    """
+
+    name: str = Field(min_length=1)
+    low: float
+    high: float
+    unit: str | None = None
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> NumericField:
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError(f"numeric field {self.name!r}: low and high must be finite")
+        if self.low >= self.high:
+            raise ValueError(
+                f"numeric field {self.name!r}: low must be < high, got low={self.low} high={self.high}"
+            )
+        return self
+
+
+class NumericGroup(_Frozen):
+    """The numeric block: ONE ZIL(δ, λ²I) vector over all numeric fields (DESIGN §2).
+
+    Parameters
+    ----------
+    zero_prob : float
+        δ ∈ (0, 1): probability that a report carries the **exact** (clipped) values.
+    scale : float, optional
+        λ > 0, noise std per unit of range (standardized coordinates). Give either ``scale`` or
+        both ``epsilon`` and ``delta``.
+    epsilon, delta : float, optional
+        Target record-level (ε, δ′) guarantee; λ is calibrated with
+        ``mechanisms.privacy.calibrate_zil`` for the standardized box of diameter √d
+        (DESIGN §2 "Calibration"). Requires ``zero_prob < delta < 1`` and ``epsilon > 0``.
+    fields : list of NumericField
+        At least one field; names unique.
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema` when both or neither of scale / (epsilon, delta) are
+        given, ``delta <= zero_prob``, or a parameter is out of range.
+    """
+
+    zero_prob: float
+    scale: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    fields: tuple[NumericField, ...]
+
+    @model_validator(mode="after")
+    def _params(self) -> NumericGroup:
+        if not 0.0 < self.zero_prob < 1.0:
+            raise ValueError(f"numeric.zero_prob must be in (0, 1), got {self.zero_prob}")
+        has_scale = self.scale is not None
+        has_target = self.epsilon is not None or self.delta is not None
+        if has_scale == has_target:
+            raise ValueError(
+                "numeric: give either scale or both epsilon and delta (exactly one of the two), "
+                f"got scale={self.scale}, epsilon={self.epsilon}, delta={self.delta}"
+            )
+        if has_scale and not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"numeric.scale must be a finite number > 0, got {self.scale}")
+        if has_target:
+            if self.epsilon is None or self.delta is None:
+                raise ValueError("numeric: epsilon and delta must be given together")
+            if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+                raise ValueError(f"numeric.epsilon must be a finite number > 0, got {self.epsilon}")
+            if not self.zero_prob < self.delta < 1.0:
+                raise ValueError(
+                    f"numeric.delta must be in (zero_prob, 1) = ({self.zero_prob}, 1), got {self.delta} "
+                    "(a ZIL report is exact with probability zero_prob, so delta > zero_prob)"
+                )
+        if not self.fields:
+            raise ValueError("numeric.fields must list at least one field")
+        _check_unique("numeric.fields", [f.name for f in self.fields])
+        return self
+
+
+class PersonalizedSetting(_Frozen):
+    """PUM setting of a categorical field (DESIGN §3, Murakami & Kawamoto §5).
+
+    Parameters
+    ----------
+    bots : int
+        κ ≥ 1 bot symbols ``⊥₁..⊥_κ`` appended to the domain (codes ``k .. k+κ−1``). A user maps
+        her own personally sensitive values to her bot symbol before the common mechanism runs;
+        the bots are sensitive in the extended domain.
+    """
+
+    bots: int = Field(default=1, ge=1, le=255)
+
+
+class CategoricalField(_Frozen):
+    """One categorical field privatized with uRR or uRAP (DESIGN §3).
+
+    Parameters
+    ----------
+    name : str
+    categories : list of str
+        The domain 𝒳 (k ≥ 2 distinct values); the code of a value is its position.
+    sensitive : list of str
+        𝒳_S ⊆ categories (may be empty only if ``personalized`` is set). Non-sensitive values
+        may be revealed (uRR: w.p. c₃; uRAP: w.p. 1 − d₂).
+    mechanism : {"urap", "urr"}
+    epsilon : float
+        ε > 0 of the ULDP guarantee for the sensitive values.
+    theta : float, optional
+        uRAP's θ ∈ (0, 1); default ``e^{ε/2}/(e^{ε/2}+1)``. Not allowed with uRR.
+    fallback : str, optional
+        A category that unknown (string) values are mapped to; ``None`` means unknown values
+        are invalid.
+    personalized : PersonalizedSetting, optional
+        PUM with κ bot symbols.
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema` when a constraint fails (the message names the field).
+    """
+
+    name: str = Field(min_length=1)
+    categories: tuple[str, ...]
+    sensitive: tuple[str, ...] = ()
+    mechanism: str
+    epsilon: float
+    theta: float | None = None
+    fallback: str | None = None
+    personalized: PersonalizedSetting | None = None
+
+    @field_validator("mechanism", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _check(self) -> CategoricalField:
+        where = f"categorical field {self.name!r}"
+        if self.mechanism not in ("urap", "urr"):
+            raise ValueError(f"{where}: mechanism must be 'urap' or 'urr', got {self.mechanism!r}")
+        if len(self.categories) < 2:
+            raise ValueError(f"{where}: categories must list at least 2 values, got {len(self.categories)}")
+        _check_unique(f"{where}: categories", list(self.categories))
+        cats = set(self.categories)
+        bad = [s for s in self.sensitive if s not in cats]
+        if bad:
+            raise ValueError(f"{where}: sensitive values not in categories: {bad}")
+        _check_unique(f"{where}: sensitive", list(self.sensitive))
+        if not self.sensitive and self.personalized is None:
+            raise ValueError(f"{where}: sensitive must list at least one category (or set personalized)")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"{where}: epsilon must be a finite number > 0, got {self.epsilon}")
+        if self.theta is not None:
+            if self.mechanism != "urap":
+                raise ValueError(f"{where}: theta is a uRAP parameter, not allowed with {self.mechanism!r}")
+            if not 0.0 < self.theta < 1.0:
+                raise ValueError(f"{where}: theta must be in (0, 1), got {self.theta}")
+        if self.fallback is not None and self.fallback not in cats:
+            raise ValueError(f"{where}: fallback {self.fallback!r} is not one of the categories")
+        return self
+
+    @property
+    def k(self) -> int:
+        """Size of the wire domain: ``len(categories)`` plus κ bots for PUM fields."""
+        return len(self.categories) + (self.personalized.bots if self.personalized else 0)
+
+    @property
+    def sensitive_codes(self) -> tuple[int, ...]:
+        """Codes of the sensitive set in the wire domain (bots included for PUM), ascending."""
+        idx = {c: i for i, c in enumerate(self.categories)}
+        codes = sorted(idx[s] for s in self.sensitive)
+        if self.personalized:
+            codes += list(range(len(self.categories), self.k))
+        return tuple(codes)
+
+    @property
+    def resolved_theta(self) -> float | None:
+        """θ actually used (uRAP): the declared one or ``e^{ε/2}/(e^{ε/2}+1)``; None for uRR."""
+        if self.mechanism != "urap":
+            return None
+        if self.theta is not None:
+            return self.theta
+        h = math.exp(self.epsilon / 2)
+        return h / (h + 1.0)
+
+
+class TelemetrySchema(_Frozen):
+    """A versioned report schema (DESIGN §4).
+
+    Parameters
+    ----------
+    name : str
+    version : int
+        ≥ 1; bump it when the meaning of a field changes.
+    description : str, optional
+    numeric : NumericGroup, optional
+        The ZIL vector; omitted when the schema has no numeric field.
+    categorical : list of CategoricalField
+        In wire order.
+
+    Raises
+    ------
+    SchemaError
+        On any invalid parameter; the message names the field (e.g.
+        ``numeric field 'arr_delay': low must be < high``). Field names must be unique across
+        the whole schema, and a schema must have at least one field.
+
+    Notes
+    -----
+    Construct with :meth:`load` (TOML file), :meth:`loads` (TOML text) or :meth:`from_dict`;
+    plain ``TelemetrySchema(...)`` raises pydantic's ``ValidationError`` instead of
+    ``SchemaError``.
+    """
+
+    name: str = Field(min_length=1)
+    version: int = Field(default=1, ge=1)
+    description: str | None = None
+    numeric: NumericGroup | None = None
+    categorical: tuple[CategoricalField, ...] = ()
+
+    @model_validator(mode="after")
+    def _whole(self) -> TelemetrySchema:
+        names = [f.name for f in self.numeric.fields] if self.numeric else []
+        names += [c.name for c in self.categorical]
+        if not names:
+            raise ValueError(f"schema {self.name!r} has no field")
+        _check_unique("field names", names)
+        return self
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TelemetrySchema:
+        """Build and validate a schema from plain data (as parsed from TOML or JSON).
+
+        Raises
+        ------
+        SchemaError
+            Naming the offending field and the constraint.
+        """
+        if not isinstance(data, Mapping):
+            raise SchemaError(f"schema must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise SchemaError(_describe(exc, data)) from None
+
+    @classmethod
+    def loads(cls, text: str) -> TelemetrySchema:
+        """Parse a schema from TOML text. Raises SchemaError on bad TOML or bad content."""
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SchemaError(f"schema is not valid TOML: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TelemetrySchema:
+        """Read a schema from a TOML file (``.toml``) or canonical JSON file (``.json``).
+
+        Raises
+        ------
+        SchemaError
+            If the file cannot be read or parsed, or the schema is invalid.
+        """
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SchemaError(f"cannot read schema file {str(p)!r}: {exc}") from None
+        if p.suffix.lower() == ".json":
+            try:
+                return cls.from_dict(json.loads(text))
+            except json.JSONDecodeError as exc:
+                raise SchemaError(f"schema file {str(p)!r} is not valid JSON: {exc}") from None
+        return cls.loads(text)
+
+    # ------------------------------------------------------------------ serialization
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (``None`` entries dropped); ``from_dict(to_dict())`` == self."""
+        return _drop_none(self.model_dump(mode="json"))
+
+    def canonical_json(self) -> str:
+        """Canonical JSON: keys sorted, no whitespace, defaults filled, ``None`` dropped.
+
+        Stable across the key order of the source file; changes with any parameter.
+        """
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+
+    def dumps_toml(self) -> str:
+        """A TOML rendering that :meth:`loads` parses back to an equal schema."""
+        d = self.to_dict()
+        out = [f"name = {_toml(d['name'])}", f"version = {d['version']}"]
+        if "description" in d:
+            out.append(f"description = {_toml(d['description'])}")
+        if "numeric" in d:
+            num = d["numeric"]
+            out += ["", "[numeric]"]
+            out += [f"{k} = {_toml(v)}" for k, v in num.items() if k != "fields"]
+            for f in num["fields"]:
+                out += ["", "[[numeric.fields]]"] + [f"{k} = {_toml(v)}" for k, v in f.items()]
+        for c in d.get("categorical", []):
+            out += ["", "[[categorical]]"]
+            for k, v in c.items():
+                if k == "personalized":
+                    inner = ", ".join(f"{a} = {_toml(b)}" for a, b in v.items())
+                    out.append(f"personalized = {{ {inner} }}")
+                else:
+                    out.append(f"{k} = {_toml(v)}")
+        return "\n".join(out) + "\n"
+
+    # ------------------------------------------------------------------ derived
+    @cached_property
+    def fingerprint(self) -> bytes:
+        """16-byte blake2b digest of :meth:`canonical_json` (DESIGN §4).
+
+        The calibrated scale is a deterministic function of fields that are hashed
+        (epsilon, delta, zero_prob, d), so it is not hashed itself.
+        """
+        return hashlib.blake2b(_FINGERPRINT_DOMAIN + self.canonical_json().encode("utf-8"),
+                               digest_size=16).digest()
+
+    @property
+    def numeric_names(self) -> tuple[str, ...]:
+        """Numeric field names in ZIL-vector (column) order."""
+        return tuple(f.name for f in self.numeric.fields) if self.numeric else ()
+
+    @property
+    def categorical_names(self) -> tuple[str, ...]:
+        """Categorical field names in wire order."""
+        return tuple(c.name for c in self.categorical)
+
+    @property
+    def dim(self) -> int:
+        """d, the number of numeric fields (0 if none)."""
+        return len(self.numeric_names)
+
+    def field(self, name: str) -> NumericField | CategoricalField:
+        """Return the field called ``name``. Raises SchemaError if there is none."""
+        for f in self.numeric.fields if self.numeric else ():
+            if f.name == name:
+                return f
+        for c in self.categorical:
+            if c.name == name:
+                return c
+        raise SchemaError(f"schema {self.name!r} has no field {name!r}")
+
+    def categorical_field(self, name: str) -> CategoricalField:
+        """Return the categorical field ``name``. Raises SchemaError if there is none."""
+        f = self.field(name)
+        if not isinstance(f, CategoricalField):
+            raise SchemaError(f"field {name!r} is numeric, not categorical")
+        return f
+
+    @cached_property
+    def resolved_scale(self) -> float | None:
+        """λ: the declared scale, or the one calibrated from (epsilon, delta); None without numerics.
+
+        Raises
+        ------
+        SchemaError
+            If calibration is impossible (e.g. ``mechanisms.privacy`` missing or no solution).
+        """
+        if self.numeric is None:
+            return None
+        if self.numeric.scale is not None:
+            return float(self.numeric.scale)
+        try:
+            from mechanisms.privacy import calibrate_zil
+        except ImportError as exc:  # pragma: no cover - depends on a concurrent module
+            raise SchemaError(
+                f"numeric: epsilon/delta calibration needs mechanisms.privacy ({exc})") from None
+        d = self.dim
+        try:
+            res = calibrate_zil(self.numeric.epsilon, self.numeric.delta, self.numeric.zero_prob,
+                                math.sqrt(d), dim=d)
+        except ValueError as exc:
+            raise SchemaError(f"numeric: cannot calibrate scale for epsilon={self.numeric.epsilon}, "
+                              f"delta={self.numeric.delta}: {exc}") from None
+        return float(_scale_from_calibration(res))
+
+    def zil_mechanism(self):
+        """The :class:`mechanisms.zil.ZILMechanism` of the numeric block, or ``None``.
+
+        Returns
+        -------
+        ZILMechanism or None
+            ``ZILMechanism(zero_prob, resolved_scale, lows, highs)`` over the numeric fields in order.
+        """
+        if self.numeric is None:
+            return None
+        from mechanisms.zil import ZILMechanism
+
+        lows = [f.low for f in self.numeric.fields]
+        highs = [f.high for f in self.numeric.fields]
+        return ZILMechanism(self.numeric.zero_prob, self.resolved_scale, lows, highs)
+
+    def categorical_mechanism(self, name: str):
+        """The uRR / uRAP mechanism object of categorical field ``name`` (``mechanisms.uldp``).
+
+        For PUM fields the mechanism runs over the extended domain (categories + bots) with the
+        bots added to the sensitive set.
+
+        Raises
+        ------
+        SchemaError
+            If ``name`` is not a categorical field.
+        """
+        f = self.categorical_field(name)
+        from mechanisms import uldp
+
+        sens = list(f.sensitive_codes)
+        if f.mechanism == "urr":
+            return uldp.URR(f.k, sens, f.epsilon)
+        return uldp.URAP(f.k, sens, f.epsilon, theta=f.theta)
+
+    def category_code(self, field: str, value: str) -> int:
+        """Code (position in ``categories``) of ``value`` in categorical ``field``.
+
+        Unknown values map to the field's ``fallback`` if declared.
+
+        Raises
+        ------
+        SchemaError
+            If the field is unknown or not categorical, or the value is unknown without fallback.
+        """
+        f = self.categorical_field(field)
+        lut = self._code_tables[field]
+        if isinstance(value, str) and value in lut:
+            return lut[value]
+        if f.fallback is not None and isinstance(value, str):
+            return lut[f.fallback]
+        raise SchemaError(f"categorical field {field!r}: unknown category {value!r}")
+
+    @cached_property
+    def _code_tables(self) -> dict[str, dict[str, int]]:
+        return {c.name: {v: i for i, v in enumerate(c.categories)} for c in self.categorical}
+
+    def privacy_summary(self) -> dict[str, Any]:
+        """Every field's privacy guarantee in plain data (for docs, CLI and metrics).
+
+        Returns
+        -------
+        dict
+            ``{"schema", "version", "fingerprint", "numeric": {...} | None, "categorical": {name:
+            {...}}}``. The numeric entry gives zero_prob and the exact-release statement, λ,
+            d, c_I = √d/λ (record level), c_A = 1/λ (attribute level), per-field noise std in
+            original units, and (ε, δ̃) pairs at record and attribute level when
+            ``mechanisms.privacy`` is available. Each categorical entry gives the mechanism, ε,
+            the sensitive-set size and what non-sensitive reports reveal.
+
+        Source: DESIGN §2 "Privacy accounting", §3.
+        """
+        out: dict[str, Any] = {
+            "schema": self.name,
+            "version": self.version,
+            "fingerprint": self.fingerprint.hex(),
+            "numeric": None,
+            "categorical": {},
+        }
+        if self.numeric is not None:
+            out["numeric"] = _numeric_summary(self)
+        for c in self.categorical:
+            out["categorical"][c.name] = _categorical_summary(c)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"TelemetrySchema(name={self.name!r}, version={self.version}, "
+                f"numeric={list(self.numeric_names)}, "
+                f"categorical={list(self.categorical_names)}, fingerprint={self.fingerprint.hex()[:12]})")
+
+
+# ---------------------------------------------------------------------- helpers
+def _check_unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    dups = sorted({n for n in names if n in seen or seen.add(n)})
+    if dups:
+        raise ValueError(f"{what}: duplicate names {dups}")
+
+
+def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
+    """Turn pydantic errors into messages that name the schema field."""
+    msgs = []
+    for err in exc.errors():
+        loc = list(err.get("loc", ()))
+        label = _loc_label(loc, data)
+        msg = err.get("msg", "invalid")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        msgs.append(f"{label}: {msg}" if label else msg)
+    return "invalid schema: " + "; ".join(msgs)
+
+
+def _loc_label(loc: list, data: Mapping[str, Any]) -> str:
+    """``['categorical', 1, 'epsilon']`` → ``categorical field 'dest'.epsilon``."""
+    parts: list[str] = []
+    node: Any = data
+    i = 0
+    while i < len(loc):
+        key = loc[i]
+        if isinstance(node, Mapping) and key in node:
+            nxt = node[key]
+            if isinstance(nxt, list | tuple) and i + 1 < len(loc) and isinstance(loc[i + 1], int):
+                idx = loc[i + 1]
+                item = nxt[idx] if idx < len(nxt) else None
+                kind = {"categorical": "categorical field", "fields": "numeric field"}.get(str(key), str(key))
+                name = item.get("name") if isinstance(item, Mapping) else None
+                parts.append(f"{kind} {name!r}" if name is not None else f"{kind}[{idx}]")
+                node = item
+                i += 2
+                continue
+            parts.append(str(key))
+            node = nxt
+        else:
+            parts.append(str(key))
+            node = None
+        i += 1
+    return ".".join(parts)
+
+
+def _drop_none(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _drop_none(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_drop_none(v) for v in x]
+    return x
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    raise TypeError(f"cannot render {v!r} as TOML")
+
+
+def _scale_from_calibration(res: Any) -> float:
+    """Accept either λ directly or an object/mapping carrying ``scale``."""
+    if isinstance(res, Mapping):
+        return float(res["scale"])
+    if hasattr(res, "scale"):
+        return float(res.scale)
+    return float(res)
+
+
+def _numeric_summary(schema: TelemetrySchema) -> dict[str, Any]:
+    num = schema.numeric
+    lam = schema.resolved_scale
+    d = schema.dim
+    c_i, c_a = math.sqrt(d) / lam, 1.0 / lam
+    summ: dict[str, Any] = {
+        "mechanism": "zil",
+        "fields": list(schema.numeric_names),
+        "dim": d,
+        "zero_prob": num.zero_prob,
+        "zero_prob_statement": (
+            f"with probability {num.zero_prob} a report carries the exact (clipped) values of all "
+            f"{d} numeric field(s); otherwise one joint SL noise draw is added"
+        ),
+        "scale": lam,
+        "scale_source": "declared" if num.scale is not None else "calibrated",
+        "target": None if num.scale is not None else {"epsilon": num.epsilon, "delta": num.delta},
+        "c_record": c_i,
+        "c_attribute": c_a,
+        "noise_std": {f.name: lam * (f.high - f.low) for f in num.fields},
+        "bounds": {f.name: [f.low, f.high] for f in num.fields},
+        "epsilon_delta": None,
+    }
+    try:
+        from mechanisms.privacy import zil_guarantee
+    except ImportError:  # pragma: no cover - depends on a concurrent module
+        summ["epsilon_delta_note"] = "mechanisms.privacy unavailable"
+        return summ
+    g = zil_guarantee(num.zero_prob, lam, d)
+    summ["epsilon_delta"] = {
+        "record": [{"epsilon": e, "delta": dt} for e, dt in zip(g.epsilons, g.delta_record)],
+        "attribute": [{"epsilon": e, "delta": dt} for e, dt in zip(g.epsilons, g.delta_attribute)],
+        "exact": g.exact,
+        "pure_epsilon": g.pure_epsilon,
+    }
+    summ["statement"] = g.summary()
+    return summ
+
+
+def _categorical_summary(c: CategoricalField) -> dict[str, Any]:
+    s = len(c.sensitive_codes)
+    k = c.k
+    e = math.exp(c.epsilon)
+    out: dict[str, Any] = {
+        "mechanism": c.mechanism,
+        "epsilon": c.epsilon,
+        "k": k,
+        "sensitive_size": s,
+        "sensitive": list(c.sensitive),
+        "personalized_bots": c.personalized.bots if c.personalized else 0,
+        "guarantee": f"({c.epsilon}, sensitive set of {s})-ULDP: sensitive values are protected "
+                     f"with epsilon = {c.epsilon}",
+    }
+    if c.mechanism == "urr":
+        c3 = 1.0 - s / (s + e - 1.0)
+        out["reveal_prob_non_sensitive"] = c3
+        out["non_sensitive_reveal"] = (
+            f"a non-sensitive value is reported as itself with probability c3 = {c3:.4g} and then "
+            "revealed exactly (uRR never outputs a non-sensitive value for a sensitive input)"
+        )
+    else:
+        theta = c.resolved_theta
+        d2 = ((1 - theta) * e + theta) / e
+        out["theta"] = theta
+        out["reveal_prob_non_sensitive"] = 1.0 - d2
+        out["non_sensitive_reveal"] = (
+            f"a non-sensitive value sets its own bit with probability 1 - d2 = {1 - d2:.4g}, which "
+            "reveals it exactly; reports with no non-sensitive bit are protected"
+        )
+    if c.personalized:
+        out["personalized_note"] = (
+            "each user's personally sensitive values are mapped to a bot symbol before the mechanism "
+            "and get the same protection as the common sensitive set"
+        )
+    return out
