@@ -48,7 +48,11 @@ __all__ = [
     "PartitionState",
     "PipelineRuntime",
     "Worker",
+    "client_config",
     "concat_batches",
+    "ensure_topics",
+    "fast_group_settings",
+    "worker_from_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -288,7 +292,13 @@ class PartitionState:
 # --------------------------------------------------------------------------------------------------
 # the worker
 # --------------------------------------------------------------------------------------------------
-class _Listener:
+def _listener_base():
+    from kafka import ConsumerRebalanceListener
+
+    return ConsumerRebalanceListener
+
+
+class _Listener(_listener_base()):
     """Rebalance listener; runs on kafka-python's network loop, so it only does short work."""
 
     def __init__(self, worker: Worker) -> None:
@@ -766,3 +776,99 @@ def _has_label(metric, value: str) -> bool:
         return (value,) in metric._metrics  # prometheus_client keeps children by label tuple
     except AttributeError:
         return False
+
+
+# --------------------------------------------------------------------------------------------------
+# configuration helpers shared by the work / serve / analyze commands
+# --------------------------------------------------------------------------------------------------
+_DEFAULT_FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
+                       "max_poll_interval_ms": 10000}
+
+
+def client_config(config) -> dict:
+    """kafka-python settings common to every client of a pipeline (``[kafka]`` section).
+
+    Uses ``KafkaSettings.consumer_config()`` when :mod:`ingest.kafka` provides it (group-specific
+    keys removed), else the raw ``[kafka]`` mapping.
+
+    Raises
+    ------
+    ConfigError
+        If no ``bootstrap_servers`` is configured.
+    """
+    kafka = getattr(config, "kafka", None) or {}
+    if hasattr(kafka, "consumer_config"):
+        cfg = dict(kafka.consumer_config())
+    elif hasattr(kafka, "model_dump"):
+        cfg = dict(kafka.model_dump(exclude_none=True))
+    else:
+        cfg = dict(kafka)
+    for k in ("group_id", "enable_auto_commit", "auto_offset_reset", "max_poll_records",
+              *_DEFAULT_FAST_GROUP):
+        cfg.pop(k, None)
+    if not cfg.get("bootstrap_servers"):
+        raise ConfigError("kafka.bootstrap_servers: required (e.g. \"127.0.0.1:9092\")")
+    return cfg
+
+
+def fast_group_settings() -> dict:
+    """``ingest.kafka.FAST_GROUP_SETTINGS`` (session 6 s, heartbeat 1 s, max poll 10 s)."""
+    try:
+        from ingest.kafka import FAST_GROUP_SETTINGS
+    except ImportError:
+        return dict(_DEFAULT_FAST_GROUP)
+    return dict(FAST_GROUP_SETTINGS)
+
+
+def ensure_topics(config) -> None:
+    """Create the pipeline's reports (``topics.partitions``), state and dead-letter topics if
+    missing. The state topic is created with ``cleanup.policy=compact`` where the broker allows.
+    """
+    topics = config.topics
+    try:
+        from ingest.kafka import ensure_topic
+    except ImportError:
+        ensure_topic = None
+    if ensure_topic is not None:
+        settings = config.kafka
+        ensure_topic(settings, topics.reports, topics.partitions)
+        ensure_topic(settings, topics.state, 1)
+        ensure_topic(settings, topics.dead_letter, 1)
+        return
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=client_config(config)["bootstrap_servers"])
+    try:
+        existing = set(admin.list_topics())
+        for name, parts in ((topics.reports, topics.partitions), (topics.state, 1), (topics.dead_letter, 1)):
+            if name in existing:
+                continue
+            try:
+                admin.create_topics([NewTopic(name, parts, 1)])
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
+def worker_from_config(config, *, group_id: str | None = None, metrics: WorkerMetrics | None = None,
+                       coalesce: bool = True, max_poll_records: int = 500) -> Worker:
+    """Build a :class:`Worker` from a :class:`aggregator.config.PipelineConfig`.
+
+    Raises
+    ------
+    ConfigError
+        On any invalid setting (propagated).
+    """
+    runtime = PipelineRuntime.from_config(config)
+    w = config.worker
+    return Worker(
+        runtime, client_config(config),
+        reports_topic=config.topics.reports, state_topic=config.topics.state,
+        dead_letter_topic=config.topics.dead_letter, group_id=group_id or w.group_id,
+        checkpoint_interval_s=w.checkpoint_interval_s, checkpoint_reports=w.checkpoint_reports,
+        max_record_bytes=w.max_record_bytes, coalesce=coalesce, max_poll_records=max_poll_records,
+        metrics=metrics, consumer_config=fast_group_settings(),
+    )

@@ -1,0 +1,267 @@
+"""Helpers shared by the worker / serve / exactly-once integration tests (not a test module).
+
+Builds a pipeline config over ``examples/flights.schema.toml`` with unique topics, synthetic
+privatized records, produces them to explicit partitions, and computes the reference single
+in-process pass (same records, same doubling seeds) partition by partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "examples" / "flights.schema.toml"
+FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_poll_interval_ms": 10000}
+
+QUERIES = """
+[[queries]]
+kind = "mean"
+name = "arr_delay_mean"
+field = "arr_delay"
+
+[[queries]]
+kind = "variance"
+name = "dep_delay_var"
+field = "dep_delay"
+
+[[queries]]
+kind = "frequency"
+name = "carrier_freq"
+field = "carrier"
+
+[[queries]]
+kind = "frequency"
+name = "origin_freq"
+field = "origin"
+"""
+
+OPTIONAL_QUERIES = {
+    "HistogramState": """
+[[queries]]
+kind = "quantiles"
+name = "arr_delay_quantiles"
+field = "arr_delay"
+q = [0.5, 0.9]
+bins = 256
+""",
+    "GramState": """
+[[queries]]
+kind = "linear_regression"
+name = "arr_on_dep"
+response = "arr_delay"
+covariates = ["dep_delay", "distance"]
+""",
+}
+
+
+def available_queries() -> str:
+    """The query tables for every state family registered right now (counts, moments always)."""
+    from aggregator.state import STATE_CLASSES
+
+    names = {getattr(c, "__name__", str(c)) for c in
+             (STATE_CLASSES.values() if hasattr(STATE_CLASSES, "values") else STATE_CLASSES)}
+    return QUERIES + "".join(q for cls, q in OPTIONAL_QUERIES.items() if cls in names)
+
+
+def write_config(tmp_path: Path, bootstrap: str, topic_name, *, partitions: int = 4, group: str | None = None,
+                 checkpoint_interval_s: float = 0.5, checkpoint_reports: int = 100_000,
+                 max_record_bytes: int = 1 << 20, extra_queries: str = "") -> Path:
+    """Write ``pipeline.toml`` with unique topics; returns its path."""
+    name = "flights"
+    text = f"""
+[pipeline]
+name = "{name}"
+schema = "{SCHEMA}"
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[topics]
+reports = "{topic_name('reports')}"
+state = "{topic_name('state')}"
+dead_letter = "{topic_name('dlq')}"
+partitions = {partitions}
+
+[worker]
+group_id = "{group or topic_name('group')}"
+checkpoint_interval_s = {checkpoint_interval_s}
+checkpoint_reports = {checkpoint_reports}
+max_record_bytes = {max_record_bytes}
+
+[serve]
+host = "127.0.0.1"
+port = 0
+refresh_interval_s = 0.2
+""" + available_queries() + extra_queries
+    path = tmp_path / "pipeline.toml"
+    path.write_text(text)
+    return path
+
+
+def create_topics(bootstrap: str, cfg) -> None:
+    """Create the reports (``partitions``), state (1) and dead-letter (1) topics."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(cfg.topics.reports, cfg.topics.partitions, 1),
+                             NewTopic(cfg.topics.state, 1, 1), NewTopic(cfg.topics.dead_letter, 1, 1)])
+    finally:
+        admin.close()
+
+
+def make_records(schema, n_records: int, per_record: int, seed: int) -> list[bytes]:
+    """``n_records`` encoded batches of ``per_record`` privatized synthetic flights."""
+    from ingest.codec import encode
+    from ingest.privatizer import Privatizer
+
+    rng = np.random.default_rng(seed)
+    priv = Privatizer(schema, rng=rng)
+    cats = {c.name: list(c.categories) for c in schema.categorical}
+    out = []
+    for _ in range(n_records):
+        m = per_record
+        cols = {
+            "arr_delay": rng.normal(5, 40, m), "dep_delay": rng.normal(10, 35, m),
+            "distance": rng.uniform(100, 2500, m), "air_time": rng.uniform(30, 400, m),
+            "hour": rng.integers(5, 23, m).astype(float),
+        }
+        for name, values in cats.items():
+            cols[name] = np.asarray(values, dtype=object)[rng.integers(0, len(values), m)]
+        out.append(encode(priv.privatize_batch(cols)))
+    return out
+
+
+def produce(bootstrap: str, topic: str, records: list[bytes], partitions: int, *, delay_s: float = 0.0,
+            start: int = 0) -> list[tuple[int, int]]:
+    """Send ``records`` round-robin over ``partitions`` (record i → partition (start+i) % P).
+
+    Returns the (partition, offset) of every record.
+    """
+    from kafka import KafkaProducer
+
+    prod = KafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=8 << 20)
+    futs = []
+    try:
+        for i, rec in enumerate(records):
+            futs.append(prod.send(topic, value=rec, partition=(start + i) % partitions))
+            if delay_s:
+                time.sleep(delay_s)
+        prod.flush(30)
+        return [(f.get(10).partition, f.get(10).offset) for f in futs]
+    finally:
+        prod.close()
+
+
+def reference_pass(runtime, records_by_partition: dict[int, list[bytes]], coalesce: bool = False) -> dict:
+    """Single in-process pass: per partition, per record (or one coalesced update), then merge
+    the partitions in ascending order — the same arithmetic the worker + serve perform."""
+    from aggregator.worker import concat_batches
+
+    merged: dict = {}
+    for p in sorted(records_by_partition):
+        states = runtime.new_states()
+        batches = []
+        for rec in records_by_partition[p]:
+            b = runtime.decode(rec)
+            x2 = runtime.double(b, rec)
+            if coalesce:
+                batches.append((b, x2))
+            else:
+                for st in states.values():
+                    st.update(b, x2)
+        if coalesce and batches:
+            b = concat_batches([x for x, _ in batches])
+            x2 = np.concatenate([x for _, x in batches])
+            for st in states.values():
+                st.update(b, x2)
+        for name, st in states.items():
+            if name in merged:
+                merged[name].merge(st)
+            else:
+                merged[name] = st
+    return merged
+
+
+def read_checkpoints(bootstrap: str, state_topic: str, pipeline: str | None = None) -> dict:
+    """Latest checkpoint per key of the state topic (decoded)."""
+    from kafka import KafkaConsumer
+
+    from aggregator.checkpoint import Checkpoint, StateTopicReader
+
+    reader = StateTopicReader(KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False),
+                              state_topic, pipeline)
+    try:
+        reader.catch_up(30)
+        return {k: Checkpoint.from_bytes(v) for k, v in reader.latest.items()}
+    finally:
+        reader.close()
+
+
+def worker_cmd(config: Path, *args: str) -> list[str]:
+    """argv of an ``ldp-stream work`` subprocess."""
+    boot = "import sys; from aggregator.cli import main; sys.exit(main(sys.argv[1:]))"
+    return [sys.executable, "-c", boot, "work", "--config", str(config), *args]
+
+
+def start_worker(config: Path, *args: str, log_path: Path | None = None) -> subprocess.Popen:
+    """Start a worker process (its own session so it can be signalled alone)."""
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(worker_cmd(config, *args), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
+def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL, timeout: float = 20.0) -> int | None:
+    """Send ``sig`` to a worker process (if alive) and reap it; SIGKILL if it does not exit."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
+def scrape(port: int, path: str = "/metrics", timeout: float = 2.0) -> str:
+    """GET ``http://127.0.0.1:port{path}`` as text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """Value of one sample in a Prometheus exposition (0.0 if absent)."""
+    want = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, val = line.rpartition(" ")
+        if key == want:
+            return float(val)
+    return 0.0
+
+
+def get_json(port: int, path: str, method: str = "GET") -> tuple[int, dict]:
+    """HTTP request to serve; returns (status, JSON body)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, json.loads(body) if body else {}
