@@ -20,6 +20,7 @@ import uuid
 import pytest
 
 from ingest.broker import EmbeddedBroker
+from ingest.kafka import FAST_GROUP_SETTINGS
 
 _counter = itertools.count()
 
@@ -62,8 +63,4 @@ def topic_name(request):
 @pytest.fixture(scope="session")
 def fast_group_settings() -> dict:
     """kafka-python consumer kwargs for fast group joins (session 6 s, heartbeat 1 s, poll 10 s)."""
-    try:
-        from ingest.kafka import FAST_GROUP_SETTINGS
-    except ImportError:  # pragma: no cover - kafka.py lands with this fixture
-        return {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_poll_interval_ms": 10000}
     return dict(FAST_GROUP_SETTINGS)

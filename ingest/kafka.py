@@ -1,0 +1,509 @@
+"""Kafka client settings, topic management, watermarks and the producer transport interface.
+
+Everything that talks to a Kafka-protocol broker goes through this module so that security
+settings (TLS, SASL) and the Tansu quirks of DESIGN §6 are handled in one place.
+
+* :class:`KafkaSettings` — frozen pydantic client settings; :meth:`~KafkaSettings.producer_config`,
+  :meth:`~KafkaSettings.consumer_config`, :meth:`~KafkaSettings.admin_config` return kafka-python
+  keyword arguments with TLS/SASL passed through.
+* :data:`FAST_GROUP_SETTINGS` — consumer-group timeouts for ~3 s joins (DESIGN §6).
+* :func:`ensure_topic` — idempotent topic creation that waits for metadata.
+* :func:`high_watermarks` — end offsets that honour Tansu's short ``end_offsets()``.
+* :class:`Transport` — what :class:`ingest.producer.ReportProducer` needs from a client library;
+  :class:`KafkaPythonTransport` is the default implementation.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from ingest.errors import ConfigError, IngestError
+
+logger = logging.getLogger(__name__)
+
+#: Consumer-group timeouts for fast joins and failure detection (kafka-python kwargs).
+#: Measured against Tansu with kafka-python 3.0.12 (DESIGN §6): a group join takes ~3 s with these
+#: values and ~20 s with the defaults (session 45 s, heartbeat 3 s, max poll interval 300 s).
+#: ``max_poll_interval_ms=10000`` means a member that does not call ``poll()`` for 10 s is evicted:
+#: keep per-poll work (decode + state update + checkpoint) well under that.
+FAST_GROUP_SETTINGS: Mapping[str, int] = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 1000,
+    "max_poll_interval_ms": 10000,
+}
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+
+
+class KafkaSettings(BaseModel):
+    """Connection and security settings shared by producers, consumers and admin clients.
+
+    Parameters
+    ----------
+    bootstrap_servers : str or list of str
+        ``"host:port"`` entries (a comma-separated string is split). At least one.
+    client_id : str or None
+        Client id sent to the broker (shows up in broker logs / quotas).
+    security_protocol : {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"}
+        Transport security.
+    sasl_mechanism : {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"} or None
+        Required when ``security_protocol`` starts with ``SASL_``.
+    sasl_plain_username, sasl_plain_password : str / SecretStr or None
+        Credentials for PLAIN and SCRAM (both required for those mechanisms). The password is a
+        ``SecretStr``: never shown in ``repr`` or logs, unwrapped only in the ``*_config()`` dicts.
+    ssl_cafile, ssl_certfile, ssl_keyfile : str or None
+        PEM files: CA bundle to verify the broker, client certificate and key (mutual TLS).
+    ssl_password : SecretStr or None
+        Password of ``ssl_keyfile``.
+    ssl_check_hostname : bool
+        Verify the broker certificate's host name (default True).
+    request_timeout_ms : int
+        Per-request timeout in ms, >= 1000.
+    extra : mapping str → Any
+        Further kafka-python kwargs applied to every client (escape hatch, e.g. ``api_version``).
+
+    Raises
+    ------
+    pydantic.ValidationError
+        (a ``ValueError``) if a value is out of range or the security settings are inconsistent:
+        SASL protocol without mechanism, mechanism without SASL protocol, PLAIN/SCRAM without
+        username and password, ``ssl_*`` files with a non-TLS protocol, cert without key.
+
+    Notes
+    -----
+    Source: DESIGN §6; option names and meaning are kafka-python's (``KafkaProducer`` /
+    ``KafkaConsumer`` / ``KafkaAdminClient``). See docs/kafka.md.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: tuple[str, ...]
+    client_id: str | None = None
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    request_timeout_ms: int = Field(default=30000, ge=1000)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _split_servers(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [s.strip() for s in v.split(",") if s.strip()]
+        return v
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_servers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("bootstrap_servers must list at least one host:port")
+        for s in v:
+            host, sep, port = s.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(
+                    f"bootstrap_servers entries must be host:port with port in [1, 65535], got {s!r}"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaSettings:
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(f"sasl_mechanism is required with security_protocol={self.security_protocol}")
+        if self.sasl_mechanism is not None and not sasl:
+            raise ValueError(
+                "sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL, "
+                f"got {self.security_protocol}"
+            )
+        if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and (
+            not self.sasl_plain_username or self.sasl_plain_password is None
+        ):
+            raise ValueError(
+                f"sasl_plain_username and sasl_plain_password are required with sasl_mechanism="
+                f"{self.sasl_mechanism}"
+            )
+        files = {k: getattr(self, k) for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")}
+        if not tls and any(files.values()):
+            used = [k for k, v in files.items() if v]
+            raise ValueError(
+                f"{', '.join(used)} need security_protocol SSL or SASL_SSL, got {self.security_protocol}"
+            )
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("ssl_certfile and ssl_keyfile must be given together (mutual TLS)")
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        """The servers as one comma-separated string."""
+        return ",".join(self.bootstrap_servers)
+
+    def _common(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "bootstrap_servers": list(self.bootstrap_servers),
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.client_id is not None:
+            cfg["client_id"] = self.client_id
+        if self.sasl_mechanism is not None:
+            cfg["sasl_mechanism"] = self.sasl_mechanism
+        if self.sasl_plain_username is not None:
+            cfg["sasl_plain_username"] = self.sasl_plain_username
+        if self.sasl_plain_password is not None:
+            cfg["sasl_plain_password"] = self.sasl_plain_password.get_secret_value()
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            cfg["ssl_check_hostname"] = self.ssl_check_hostname
+            for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, k) is not None:
+                    cfg[k] = getattr(self, k)
+            if self.ssl_password is not None:
+                cfg["ssl_password"] = self.ssl_password.get_secret_value()
+        cfg.update(self.extra)
+        return cfg
+
+    def producer_config(self, **overrides: Any) -> dict[str, Any]:
+        """kafka-python ``KafkaProducer`` kwargs: connection + security, ``acks="all"``, then overrides.
+
+        Parameters
+        ----------
+        **overrides
+            Any ``KafkaProducer`` kwarg (e.g. ``linger_ms``), applied last.
+
+        Returns
+        -------
+        dict
+            Contains secrets in clear text: do not log it.
+        """
+        cfg = self._common()
+        cfg.setdefault("acks", "all")
+        cfg.update(overrides)
+        return cfg
+
+    def consumer_config(self, group_id: str | None = None, *, fast_group: bool = False,
+                        **overrides: Any) -> dict[str, Any]:
+        """kafka-python ``KafkaConsumer`` kwargs.
+
+        Parameters
+        ----------
+        group_id : str or None
+            Consumer group; ``None`` for manual assignment without committed offsets.
+        fast_group : bool
+            Merge :data:`FAST_GROUP_SETTINGS` (~3 s joins against Tansu, DESIGN §6).
+        **overrides
+            Any ``KafkaConsumer`` kwarg, applied last.
+
+        Returns
+        -------
+        dict
+            Contains secrets in clear text: do not log it.
+        """
+        cfg = self._common()
+        if group_id is not None:
+            cfg["group_id"] = group_id
+        if fast_group:
+            cfg.update(FAST_GROUP_SETTINGS)
+        cfg.update(overrides)
+        return cfg
+
+    def admin_config(self, **overrides: Any) -> dict[str, Any]:
+        """kafka-python ``KafkaAdminClient`` kwargs (connection + security, then overrides)."""
+        cfg = self._common()
+        cfg.update(overrides)
+        return cfg
+
+    @classmethod
+    def coerce(cls, value: KafkaSettings | str | Iterable[str]) -> KafkaSettings:
+        """Return ``value`` if it is settings, else ``KafkaSettings(bootstrap_servers=value)``.
+
+        Raises
+        ------
+        ConfigError
+            If ``value`` is neither settings nor valid bootstrap servers.
+        """
+        if isinstance(value, KafkaSettings):
+            return value
+        if isinstance(value, str):
+            servers: Any = value
+        else:
+            try:
+                servers = list(value)
+            except TypeError:
+                raise ConfigError(
+                    f"settings must be KafkaSettings or 'host:port[,host:port]', got {type(value).__name__}"
+                ) from None
+        try:
+            return cls(bootstrap_servers=servers)
+        except ValueError as exc:
+            raise ConfigError(f"bootstrap_servers: {exc}") from exc
+
+
+def reachable(settings: KafkaSettings, timeout: float = 1.0) -> bool:
+    """Whether at least one bootstrap server accepts a TCP connection (no Kafka request is made).
+
+    Used before constructing kafka-python clients, whose 3.0.12 connection code leaks a socket for
+    every refused connection attempt.
+
+    Parameters
+    ----------
+    settings : KafkaSettings
+    timeout : float
+        Seconds per connection attempt.
+    """
+    for server in settings.bootstrap_servers:
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def ensure_topic(settings: KafkaSettings | str, name: str, partitions: int,
+                 config: Mapping[str, str] | None = None, *, replication_factor: int = 1,
+                 timeout: float = 15.0) -> bool:
+    """Create topic ``name`` if missing and wait until the broker's metadata lists it.
+
+    Parameters
+    ----------
+    settings : KafkaSettings or str
+        Client settings or bootstrap servers.
+    name : str
+        Topic name (Kafka rules: 1–249 chars of ``[A-Za-z0-9._-]``).
+    partitions : int
+        Partition count (>= 1) used when creating. An existing topic is left as is (its partition
+        count is not checked against this — see the log message).
+    config : mapping str → str, optional
+        Topic configs such as ``{"cleanup.policy": "compact"}``.
+    replication_factor : int
+        >= 1; 1 for the embedded broker.
+    timeout : float
+        Seconds (> 0) to wait for the topic to appear in metadata with all partitions.
+
+    Returns
+    -------
+    bool
+        True if this call created the topic, False if it existed already.
+
+    Raises
+    ------
+    ConfigError
+        Bad ``name``, ``partitions``, ``replication_factor`` or ``timeout``.
+    IngestError
+        The broker is unreachable or the topic did not appear within ``timeout`` s.
+
+    Notes
+    -----
+    Idempotent and safe under races: ``TopicAlreadyExistsError`` counts as success.
+    """
+    import re
+
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name) or name in (".", ".."):
+        raise ConfigError(f"name must be 1-249 characters of [A-Za-z0-9._-], got {name!r}")
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ConfigError(f"partitions must be an int >= 1, got {partitions!r}")
+    rf = replication_factor
+    if isinstance(rf, bool) or not isinstance(rf, int) or rf < 1:
+        raise ConfigError(f"replication_factor must be an int >= 1, got {replication_factor!r}")
+    if not timeout > 0:
+        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+    s = KafkaSettings.coerce(settings)
+    if not reachable(s):
+        raise IngestError(f"no Kafka broker reachable at {s.bootstrap}")
+    deadline = time.monotonic() + timeout
+    try:
+        admin = KafkaAdminClient(**s.admin_config())
+    except KafkaError as exc:
+        raise IngestError(f"cannot connect to Kafka at {s.bootstrap}: {exc}") from exc
+    created = False
+    try:
+        if name not in admin.list_topics():
+            try:
+                admin.create_topics(
+                    [NewTopic(name, partitions, replication_factor, topic_configs=dict(config or {}))]
+                )
+                created = True
+                logger.info("created topic %s with %d partitions", name, partitions)
+            except TopicAlreadyExistsError:
+                pass
+        while True:
+            try:
+                (desc,) = admin.describe_topics([name])
+                if desc.get("error_code", 0) == 0 and desc.get("partitions"):
+                    n = len(desc["partitions"])
+                    if not created and n != partitions:
+                        logger.info("topic %s exists with %d partitions (requested %d)", name, n, partitions)
+                    if not created or n >= partitions:
+                        return created
+            except KafkaError as exc:
+                logger.debug("describe_topics(%s): %r", name, exc)
+            if time.monotonic() > deadline:
+                raise IngestError(f"topic {name!r} did not appear in metadata within {timeout:g} s")
+            time.sleep(0.05)
+    except KafkaError as exc:
+        raise IngestError(f"could not create topic {name!r} at {s.bootstrap}: {exc}") from exc
+    finally:
+        admin.close()
+
+
+def high_watermarks(consumer: Any, partitions: Iterable[Any] | None = None, *,
+                    timeout_ms: int = 5000) -> dict[Any, int]:
+    """End offset (offset of the next record to be written) per partition, robust to Tansu.
+
+    Tansu's ``ListOffsets(latest)`` — what ``consumer.end_offsets()`` asks — returns the last
+    batch's base offset + 1, too small when the last produced batch held several records
+    (DESIGN §6). The high watermark carried in fetch responses (``consumer.highwater(tp)``, known
+    after a ``poll()``/fetch of that partition) is right. This returns, per partition,
+    ``max(highwater, end_offsets)`` — correct on Apache Kafka (where both agree) and a lower bound
+    that becomes exact once the partition has been fetched on Tansu.
+
+    Parameters
+    ----------
+    consumer : kafka.KafkaConsumer
+        A consumer with the partitions assigned (``assign`` or group assignment).
+    partitions : iterable of TopicPartition, optional
+        Defaults to ``consumer.assignment()``.
+    timeout_ms : int
+        Timeout of the ``end_offsets`` request.
+
+    Returns
+    -------
+    dict TopicPartition → int
+        Offsets (>= 0). To "read to the end", poll until ``position(tp) >= high_watermarks()[tp]``
+        *after* at least one fetch of ``tp`` returned (the fetch refreshes the watermark).
+    """
+    tps = list(consumer.assignment() if partitions is None else partitions)
+    if not tps:
+        return {}
+    try:
+        listed = consumer.end_offsets(tps, timeout_ms=timeout_ms)
+    except TypeError:  # older kafka-python without timeout_ms
+        listed = consumer.end_offsets(tps)
+    out: dict[Any, int] = {}
+    for tp in tps:
+        hw = None
+        try:
+            hw = consumer.highwater(tp)
+        except Exception:  # partition not assigned: only the listed offset is available
+            hw = None
+        out[tp] = max(int(listed.get(tp) or 0), int(hw or 0))
+    return out
+
+
+# ---------------------------------------------------------------------------------- transport
+@runtime_checkable
+class DeliveryFuture(Protocol):
+    """What :meth:`Transport.send` returns: a future resolved on broker ack or failure."""
+
+    def add_callback(self, fn: Callable[[Any], Any]) -> Any:
+        """Call ``fn(record_metadata)`` once the record is acknowledged."""
+
+    def add_errback(self, fn: Callable[[BaseException], Any]) -> Any:
+        """Call ``fn(exception)`` once the record has definitely failed."""
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """The client-library surface :class:`ingest.producer.ReportProducer` uses.
+
+    A transport must call exactly one of a future's callback/errback for every ``send``, possibly
+    on another thread; ``flush`` returns once every earlier ``send`` is resolved (or raises on
+    timeout). Implementations: :class:`KafkaPythonTransport` (default); a confluent-kafka one can
+    be added without touching callers (DESIGN §6).
+    """
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None,
+             partition: int | None = None) -> DeliveryFuture:
+        """Queue one record; return its delivery future."""
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until all queued records are resolved or ``timeout`` seconds pass."""
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush and release connections."""
+
+
+class KafkaPythonTransport:
+    """:class:`Transport` over kafka-python's ``KafkaProducer``.
+
+    Parameters
+    ----------
+    settings : KafkaSettings or str
+        Client settings or bootstrap servers.
+    linger_s : float
+        Seconds (>= 0) kafka-python waits to batch records per partition (``linger_ms``).
+    delivery_timeout_s : float
+        Seconds (> 0) after which an unacknowledged record fails (``delivery_timeout_ms``).
+    max_request_size : int
+        Largest record batch in bytes (``max_request_size``); must exceed the largest record.
+    **overrides
+        Further ``KafkaProducer`` kwargs.
+
+    Raises
+    ------
+    ConfigError
+        Out-of-range ``linger_s`` / ``delivery_timeout_s`` / ``max_request_size``.
+    kafka.errors.KafkaError
+        From ``KafkaProducer`` if the cluster cannot be bootstrapped (``bootstrap_timeout_ms``).
+    """
+
+    def __init__(self, settings: KafkaSettings | str, *, linger_s: float = 0.05,
+                 delivery_timeout_s: float = 30.0, max_request_size: int = 16 * 1024 * 1024,
+                 **overrides: Any) -> None:
+        from kafka import KafkaProducer
+
+        if not linger_s >= 0:
+            raise ConfigError(f"linger_s must be >= 0 seconds, got {linger_s!r}")
+        if not delivery_timeout_s > 0:
+            raise ConfigError(f"delivery_timeout_s must be > 0 seconds, got {delivery_timeout_s!r}")
+        if not max_request_size >= 1024:
+            raise ConfigError(f"max_request_size must be >= 1024 bytes, got {max_request_size!r}")
+        s = KafkaSettings.coerce(settings)
+        request_timeout_ms = min(s.request_timeout_ms, int(delivery_timeout_s * 1000))
+        linger_ms = int(linger_s * 1000)
+        cfg = s.producer_config(
+            linger_ms=linger_ms,
+            # kafka-python requires delivery_timeout_ms >= linger_ms + request_timeout_ms
+            delivery_timeout_ms=max(int(delivery_timeout_s * 1000), linger_ms + request_timeout_ms),
+            request_timeout_ms=request_timeout_ms,
+            max_request_size=max_request_size,
+            batch_size=max(16384, min(max_request_size, 1 << 20)),
+            bootstrap_timeout_ms=min(30000, int(delivery_timeout_s * 1000)),
+        )
+        cfg.update(overrides)
+        self._producer = KafkaProducer(**cfg)
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None,
+             partition: int | None = None) -> DeliveryFuture:
+        """Queue a record (see :class:`Transport`); kafka-python's ``FutureRecordMetadata``."""
+        return self._producer.send(topic, value=value, key=key, partition=partition)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until queued records are resolved; raises ``KafkaTimeoutError`` on timeout."""
+        self._producer.flush(timeout=timeout)
+
+    def partitions_for(self, topic: str) -> set[int] | None:
+        """Partition ids of ``topic`` known to the client (may fetch metadata)."""
+        return self._producer.partitions_for(topic)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush (up to ``timeout`` s) and close the producer."""
+        self._producer.close(timeout=timeout)

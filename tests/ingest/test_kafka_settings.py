@@ -1,0 +1,137 @@
+"""KafkaSettings: validation, TLS/SASL pass-through to kafka-python kwargs (DESIGN §6)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from ingest.errors import ConfigError
+from ingest.kafka import FAST_GROUP_SETTINGS, KafkaPythonTransport, KafkaSettings, Transport
+
+
+def test_plaintext_defaults():
+    s = KafkaSettings(bootstrap_servers="127.0.0.1:9092, 127.0.0.1:9093")
+    assert s.bootstrap_servers == ("127.0.0.1:9092", "127.0.0.1:9093")
+    assert s.bootstrap == "127.0.0.1:9092,127.0.0.1:9093"
+    p = s.producer_config()
+    assert p["bootstrap_servers"] == ["127.0.0.1:9092", "127.0.0.1:9093"]
+    assert p["security_protocol"] == "PLAINTEXT"
+    assert p["acks"] == "all"
+    assert not any(k.startswith(("sasl_", "ssl_")) for k in p)
+    c = s.consumer_config()
+    assert "group_id" not in c and "acks" not in c
+
+
+def test_sasl_ssl_pass_through_and_secret_hidden():
+    s = KafkaSettings(
+        bootstrap_servers=["broker.example:9093"],
+        client_id="dev-42",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username="alice",
+        sasl_plain_password="s3cr3t-pw",
+        ssl_cafile="/etc/ca.pem",
+        ssl_certfile="/etc/client.pem",
+        ssl_keyfile="/etc/client.key",
+        ssl_password="keypw",
+        ssl_check_hostname=False,
+    )
+    for cfg in (s.producer_config(), s.consumer_config("g"), s.admin_config()):
+        assert cfg["security_protocol"] == "SASL_SSL"
+        assert cfg["sasl_mechanism"] == "SCRAM-SHA-512"
+        assert cfg["sasl_plain_username"] == "alice"
+        assert cfg["sasl_plain_password"] == "s3cr3t-pw"
+        assert cfg["ssl_cafile"] == "/etc/ca.pem"
+        assert cfg["ssl_certfile"] == "/etc/client.pem"
+        assert cfg["ssl_keyfile"] == "/etc/client.key"
+        assert cfg["ssl_password"] == "keypw"
+        assert cfg["ssl_check_hostname"] is False
+        assert cfg["client_id"] == "dev-42"
+    assert "s3cr3t-pw" not in repr(s) and "s3cr3t-pw" not in str(s)
+    assert "keypw" not in repr(s)
+
+
+def test_ssl_only():
+    s = KafkaSettings(bootstrap_servers="h:9093", security_protocol="SSL", ssl_cafile="/ca.pem")
+    cfg = s.producer_config()
+    assert cfg["security_protocol"] == "SSL" and cfg["ssl_cafile"] == "/ca.pem"
+    assert "sasl_mechanism" not in cfg
+
+
+def test_configs_are_accepted_by_kafka_python():
+    """Every key we emit is a real kafka-python option (no broker contacted)."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    s = KafkaSettings(
+        bootstrap_servers="h:9093", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
+        sasl_plain_username="u", sasl_plain_password="p", ssl_cafile="/ca.pem",
+        ssl_certfile="/c.pem", ssl_keyfile="/k.pem", ssl_password="x",
+    )
+    pairs = ((s.producer_config(), KafkaProducer), (s.consumer_config("g", fast_group=True), KafkaConsumer),
+             (s.admin_config(), KafkaAdminClient))
+    for cfg, cls in pairs:
+        unknown = set(cfg) - set(cls.DEFAULT_CONFIG)
+        assert not unknown, (cls.__name__, unknown)
+
+
+def test_fast_group_settings():
+    assert dict(FAST_GROUP_SETTINGS) == {
+        "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_poll_interval_ms": 10000}
+    c = KafkaSettings(bootstrap_servers="h:1").consumer_config("grp", fast_group=True, max_poll_records=7)
+    assert c["group_id"] == "grp" and c["session_timeout_ms"] == 6000 and c["max_poll_records"] == 7
+    assert "session_timeout_ms" not in KafkaSettings(bootstrap_servers="h:1").consumer_config("grp")
+
+
+def test_overrides_and_extra():
+    s = KafkaSettings(bootstrap_servers="h:1", extra={"api_version": (3, 0)})
+    assert s.producer_config(linger_ms=7, acks=1) | {} == s.producer_config(linger_ms=7, acks=1)
+    assert s.producer_config(acks=1)["acks"] == 1
+    assert s.admin_config()["api_version"] == (3, 0)
+
+
+def test_frozen():
+    s = KafkaSettings(bootstrap_servers="h:1")
+    with pytest.raises(ValidationError):
+        s.client_id = "x"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"bootstrap_servers": ""}, "at least one"),
+        ({"bootstrap_servers": "nohost"}, "host:port"),
+        ({"bootstrap_servers": "h:99999"}, "host:port"),
+        ({"bootstrap_servers": "h:1", "security_protocol": "TLS"}, "security_protocol"),
+        ({"bootstrap_servers": "h:1", "security_protocol": "SASL_SSL"}, "sasl_mechanism is required"),
+        ({"bootstrap_servers": "h:1", "sasl_mechanism": "PLAIN", "sasl_plain_username": "u",
+          "sasl_plain_password": "p"}, "needs security_protocol"),
+        ({"bootstrap_servers": "h:1", "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN"},
+         "sasl_plain_username and sasl_plain_password are required"),
+        ({"bootstrap_servers": "h:1", "ssl_cafile": "/ca"}, "ssl_cafile need security_protocol SSL"),
+        ({"bootstrap_servers": "h:1", "security_protocol": "SSL", "ssl_certfile": "/c"}, "given together"),
+        ({"bootstrap_servers": "h:1", "request_timeout_ms": 10}, "request_timeout_ms"),
+        ({"bootstrap_servers": "h:1", "bogus": 1}, "bogus"),
+    ],
+)
+def test_invalid(kwargs, match):
+    with pytest.raises(ValidationError, match=match):
+        KafkaSettings(**kwargs)
+
+
+def test_coerce():
+    s = KafkaSettings(bootstrap_servers="h:1")
+    assert KafkaSettings.coerce(s) is s
+    assert KafkaSettings.coerce("a:1,b:2").bootstrap_servers == ("a:1", "b:2")
+    assert KafkaSettings.coerce(["a:1"]).bootstrap_servers == ("a:1",)
+    with pytest.raises(ConfigError, match="bootstrap_servers"):
+        KafkaSettings.coerce("nope")
+    with pytest.raises(ConfigError, match="settings must be"):
+        KafkaSettings.coerce(3)
+
+
+def test_transport_protocol():
+    assert issubclass(KafkaPythonTransport, Transport)
+    with pytest.raises(ConfigError, match="linger_s"):
+        KafkaPythonTransport("h:1", linger_s=-1)
+    with pytest.raises(ConfigError, match="delivery_timeout_s"):
+        KafkaPythonTransport("h:1", delivery_timeout_s=0)
