@@ -72,8 +72,9 @@ class SGDOptions(_Frozen):
 
     Attributes
     ----------
-    step0 : float
-        γ₀ > 0, in standardized coordinates (covariates scaled to [0, 1] by the schema bounds).
+    step0 : float or None
+        γ₀ > 0, in standardized coordinates (covariates scaled to [0, 1] by the schema bounds);
+        ``None`` picks a per-kind default (logistic 5.0, quantile regression 1.0, custom 0.5).
     step_power : float
         a ∈ (0.5, 1); 0.505–0.6 recommended.
     batch_size : int
@@ -87,7 +88,7 @@ class SGDOptions(_Frozen):
         If a value is outside its range (wrapped into ``ConfigError`` by :func:`parse_query`).
     """
 
-    step0: float = Field(default=0.5, gt=0, le=1e3)
+    step0: float | None = Field(default=None, gt=0, le=1e3)
     step_power: float = Field(default=0.55, gt=0.5, lt=1.0)
     batch_size: int = Field(default=32, ge=1, le=65536)
     burn_in: int = Field(default=0, ge=0)

@@ -13,26 +13,24 @@ doubling from the record bytes. See :mod:`aggregator.state.base` for the common 
 
 from aggregator.state.base import EmptyStateError, Estimate, State, doubling_rng
 from aggregator.state.counts import CountsState
+from aggregator.state.gram import GramState
+from aggregator.state.histogram import HistogramState
 from aggregator.state.moments import MomentsState
 from aggregator.state.registry import STATE_CLASSES, build_state, register_state
+from aggregator.state.sgd import SGDState
 
-register_state(CountsState)
-register_state(MomentsState)
-
-for _mod, _cls in (("histogram", "HistogramState"), ("gram", "GramState"), ("sgd", "SGDState")):
-    try:  # families land one by one
-        _m = __import__(f"aggregator.state.{_mod}", fromlist=[_cls])
-        register_state(getattr(_m, _cls))
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"aggregator.state.{_mod}":
-            raise
+for _cls in (CountsState, MomentsState, HistogramState, GramState, SGDState):
+    register_state(_cls)
 
 __all__ = [
     "STATE_CLASSES",
     "CountsState",
     "EmptyStateError",
     "Estimate",
+    "GramState",
+    "HistogramState",
     "MomentsState",
+    "SGDState",
     "State",
     "build_state",
     "doubling_rng",
