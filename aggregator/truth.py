@@ -1,0 +1,147 @@
+"""Non-private reference values of queries, computed from raw (clipped) data.
+
+Used by the demo and the benchmarks to judge estimates; never part of a privacy-preserving
+deployment (the raw data never leaves the client there). Computed independently of the
+estimators: numpy moments and quantiles, category frequencies, least squares, and scipy fits of
+the logistic and check losses.
+
+The target of every estimator is the statistic of the values **after** clipping into the
+schema bounds (DESIGN §2: values are clipped before noise), so ``raw`` must already be clipped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from scipy import optimize
+
+from aggregator.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def true_values(query, schema, raw: dict[str, np.ndarray]) -> dict[str, float]:
+    """Non-private value of every parameter of ``query``.
+
+    Parameters
+    ----------
+    query : aggregator.queries.Query
+    schema : ingest.schema.TelemetrySchema
+    raw : mapping field name → ndarray (n,)
+        Clipped numeric values (float) and categorical values (category strings) of the same n
+        events.
+
+    Returns
+    -------
+    dict param name → float
+        Keys follow the estimate's ``params`` naming: ``"mean"``, ``"variance"``, ``"q0.5"``,
+        category names, ``"intercept"`` and covariate names. Custom queries return ``{}``.
+
+    Raises
+    ------
+    ConfigError
+        If a field the query names is not in ``raw``.
+    """
+    kind = query.kind
+    if kind == "frequency":
+        field = schema.categorical_field(query.field)
+        vals = _col(raw, query.field)
+        codes = {c: i for i, c in enumerate(field.categories)}
+        idx = np.fromiter((codes.get(v, -1) for v in vals), dtype=np.int64, count=vals.size)
+        counts = np.bincount(idx[idx >= 0], minlength=len(field.categories))
+        p = counts / max(vals.size, 1)
+        return {c: float(p[i]) for i, c in enumerate(field.categories)}
+    if kind == "mean":
+        return {"mean": float(np.mean(_num(raw, query.field)))}
+    if kind == "variance":
+        return {"variance": float(np.var(_num(raw, query.field)))}
+    if kind == "quantiles":
+        x = _num(raw, query.field)
+        return {f"q{q:g}": float(np.quantile(x, q, method="inverted_cdf")) for q in query.q}
+    if kind in ("linear_regression", "logistic_regression", "quantile_regression"):
+        X = np.column_stack([_num(raw, c) for c in query.covariates])
+        names = list(query.covariates)
+        if query.intercept:
+            X = np.column_stack([np.ones(X.shape[0]), X])
+            names = ["intercept", *names]
+        if kind == "linear_regression":
+            beta = np.linalg.lstsq(X, _num(raw, query.response), rcond=None)[0]
+        elif kind == "logistic_regression":
+            lab = _num(raw, query.label)
+            y = (lab > query.threshold).astype(float) if query.threshold is not None else lab
+            beta = _logistic_fit(X, y)
+        else:
+            beta = _quantile_fit(X, _num(raw, query.response), query.tau)
+        return {n: float(b) for n, b in zip(names, beta)}
+    return {}
+
+
+def _col(raw, name: str) -> np.ndarray:
+    if name not in raw:
+        raise ConfigError(f"truth: no raw column {name!r}")
+    return np.asarray(raw[name])
+
+
+def _num(raw, name: str) -> np.ndarray:
+    return _col(raw, name).astype(np.float64)
+
+
+def _standardize(X: np.ndarray):
+    """Scale non-constant columns to unit spread for a well-conditioned fit; returns the map back."""
+    sd = X.std(axis=0)
+    mu = X.mean(axis=0)
+    const = sd == 0
+    sd = np.where(const, 1.0, sd)
+    mu = np.where(const, 0.0, mu)
+    has_int = bool(np.any(const))
+    if not has_int:  # no intercept column: scale only, centring would add an intercept
+        mu = np.zeros_like(mu)
+    return (X - mu) / sd, mu, sd, has_int, const
+
+
+def _unstandardize(b: np.ndarray, mu, sd, const) -> np.ndarray:
+    beta = b / sd
+    if np.any(const):
+        j = int(np.flatnonzero(const)[0])
+        beta[j] = b[j] - np.sum(b[~const] * mu[~const] / sd[~const])
+    return beta
+
+
+def _logistic_fit(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    Z, mu, sd, _, const = _standardize(X)
+    Z[:, const] = 1.0
+
+    def f(b):
+        eta = Z @ b
+        val = np.mean(np.logaddexp(0.0, eta) - y * eta)
+        g = Z.T @ (1.0 / (1.0 + np.exp(-eta)) - y) / y.size
+        return val, g
+
+    res = optimize.minimize(f, np.zeros(Z.shape[1]), jac=True, method="BFGS", options={"gtol": 1e-10})
+    if not res.success:
+        log.warning("truth: logistic fit did not converge: %s", res.message)
+    return _unstandardize(res.x, mu, sd, const)
+
+
+def _quantile_fit(X: np.ndarray, y: np.ndarray, tau: float) -> np.ndarray:
+    """Exact quantile regression by iteratively reweighted least squares refined by Nelder–Mead."""
+    Z, mu, sd, _, const = _standardize(X)
+    Z[:, const] = 1.0
+    b = np.linalg.lstsq(Z, y, rcond=None)[0]
+    for _ in range(200):  # IRLS for the check loss
+        r = y - Z @ b
+        w = np.where(r >= 0, tau, 1 - tau) / np.maximum(np.abs(r), 1e-6)
+        b_new = np.linalg.solve(Z.T @ (Z * w[:, None]), Z.T @ (w * y))
+        if np.max(np.abs(b_new - b)) < 1e-9 * (1 + np.max(np.abs(b))):
+            b = b_new
+            break
+        b = b_new
+
+    def check(bb):
+        r = y - Z @ bb
+        return float(np.mean(r * (tau - (r < 0))))
+
+    res = optimize.minimize(check, b, method="Nelder-Mead",
+                            options={"xatol": 1e-8, "fatol": 1e-12, "maxiter": 4000})
+    return _unstandardize(res.x if res.fun <= check(b) else b, mu, sd, const)
