@@ -1,0 +1,56 @@
+"""``ldp-stream serve``: merged estimates over HTTP and Prometheus (DESIGN §5)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    """Add the ``serve`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "serve", help="merge partition checkpoints and serve estimates (HTTP JSON + /metrics)",
+        description="Read the state topic, merge the latest checkpoint of every partition per "
+                    "query and serve GET /estimates, /estimates/{query}, /privacy, /healthz, /metrics.")
+    p.add_argument("--config", required=True, help="pipeline TOML file")
+    p.add_argument("--host", default=None, help="bind address (default: [serve] host, 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="TCP port (default: [serve] port)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted."""
+    from kafka import KafkaConsumer
+
+    from aggregator.checkpoint import StateTopicReader
+    from aggregator.config import PipelineConfig
+    from aggregator.errors import CLIError
+    from aggregator.serve import EstimateStore, build_app, run_server
+    from aggregator.worker import PipelineRuntime, client_config, ensure_topics
+
+    cfg = PipelineConfig.load(args.config)
+    host = args.host or cfg.serve.host
+    port = cfg.serve.port if args.port is None else args.port
+    if not 0 <= port <= 65535:
+        raise CLIError(f"--port must be in [0, 65535], got {port}")
+    runtime = PipelineRuntime.from_config(cfg)
+    ensure_topics(cfg)
+    kcfg = client_config(cfg)
+    reader = StateTopicReader(KafkaConsumer(**kcfg, group_id=None, enable_auto_commit=False,
+                                            auto_offset_reset="earliest"),
+                              cfg.topics.state, runtime.name)
+    store = EstimateStore(runtime, reader, refresh_interval_s=cfg.serve.refresh_interval_s).start()
+    try:
+        privacy = cfg.telemetry_schema.privacy_summary()
+    except Exception as exc:  # a summary problem must not stop the estimates
+        log.warning("privacy summary unavailable: %s", exc)
+        privacy = {"error": "privacy summary unavailable"}
+    app = build_app(store, privacy=privacy)
+    log.info("serving %s on http://%s:%d", runtime.name, host, port)
+    try:
+        run_server(app, host=host, port=port)
+    finally:
+        store.stop()
+    return 0
