@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader
+from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader, parse_checkpoint_key
 from aggregator.errors import AggregatorError, ConfigError
 from aggregator.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 
@@ -130,6 +130,11 @@ class EstimateStore:
         """
         cks = []
         for key, value in raw.items():
+            try:
+                if parse_checkpoint_key(key)[0] != self.runtime.name:
+                    continue  # another pipeline sharing the state topic
+            except CheckpointError:
+                continue
             try:
                 ck = Checkpoint.from_bytes(value)
             except CheckpointError as exc:

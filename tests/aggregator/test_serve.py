@@ -1,0 +1,128 @@
+"""Unit tests of serve: merge of checkpoints and the HTTP API (uvicorn on 127.0.0.1, no broker)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import tomllib
+import urllib.request
+
+import numpy as np
+import pytest
+
+from aggregator.checkpoint import Checkpoint
+from aggregator.config import PipelineConfig
+from aggregator.serve import EstimateStore, build_app, merge_checkpoints
+from aggregator.worker import PartitionState, PipelineRuntime
+from tests.integration import pipeline_support as ps
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    text = (f'[pipeline]\nname = "flights"\nschema = "{ps.SCHEMA}"\n'
+            '[kafka]\nbootstrap_servers = "127.0.0.1:9"\n')
+    return PipelineRuntime.from_config(PipelineConfig.from_dict(tomllib.loads(text + ps.available_queries())))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(runtime):
+    records = ps.make_records(runtime.schema, n_records=8, per_record=40, seed=5)
+    by_part = {0: records[:3], 1: records[3:]}
+    cks = {}
+    for p, recs in by_part.items():
+        st = PartitionState(p, len(recs), runtime.new_states(), reports=40 * len(recs))
+        for r in recs:
+            b = runtime.decode(r)
+            x2 = runtime.double(b, r)
+            for s in st.states.values():
+                s.update(b, x2)
+        cks[Checkpoint(runtime.name, p, 0, 0, b"").key] = st.to_checkpoint(runtime).to_bytes()
+    return cks, ps.reference_pass(runtime, by_part)
+
+
+def test_merge_checkpoints_equals_single_pass(runtime, checkpoints):
+    raw, want = checkpoints
+    merged, info = merge_checkpoints([Checkpoint.from_bytes(v) for v in raw.values()], runtime)
+    assert info["partitions"] == [0, 1] and info["reports"] == 320
+    for name, st in want.items():
+        assert merged[name].to_bytes() == st.to_bytes()
+
+
+class _Server:
+    def __init__(self, app):
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served(runtime, checkpoints):
+    raw, want = checkpoints
+    store = EstimateStore(runtime)
+    store.set_checkpoints({**raw, b"flights/7": b"corrupt", b"other/0": b"ignored"})
+    srv = _Server(build_app(store))
+    yield srv.port, store, want
+    srv.close()
+
+
+def test_http_api(served):
+    port, _store, want = served
+    status, body = ps.get_json(port, "/estimates")
+    assert status == 200 and body["reports"] == 320 and body["partitions"] == [0, 1]
+    assert set(body["estimates"]) == set(want)
+    for name, st in want.items():
+        est = body["estimates"][name]
+        assert est["n"] == st.n
+        np.testing.assert_allclose(est["value"], st.estimate().value, rtol=1e-12)
+        for key in ("stderr", "ci_low", "ci_high", "level", "params"):
+            assert key in est
+    status, one = ps.get_json(port, "/estimates/arr_delay_mean")
+    assert status == 200 and one["n"] == 320 and one["ci_low"][0] < one["value"][0] < one["ci_high"][0]
+    status, err = ps.get_json(port, "/estimates/nope")
+    assert status == 404 and "nope" in err["error"]
+    status, priv = ps.get_json(port, "/privacy")
+    assert status == 200 and priv["schema"] == "flights"
+    status, health = ps.get_json(port, "/healthz")
+    assert status == 200 and health["status"] == "ok"
+    text = ps.scrape(port)
+    for name in ("ldp_estimate", "ldp_estimate_stderr", "ldp_estimate_ci_lower", "ldp_estimate_ci_upper",
+                 "ldp_estimate_reports"):
+        assert f"# TYPE {name} gauge" in text
+    assert ps.metric_value(text, "ldp_estimate_reports", 'query="arr_delay_mean"') == 320
+    assert ps.metric_value(text, "ldp_state_records_invalid_total") == 1  # the corrupt checkpoint
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+def test_read_only(served, method):
+    port, _, _ = served
+    status, body = ps.get_json(port, "/estimates", method=method)
+    assert status == 405 and "error" in body
+
+
+def test_errors_are_json_without_traceback(served, monkeypatch):
+    port, store, _ = served
+
+    def boom():
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(store, "estimates", boom)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/estimates")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    body = info.value.read().decode()
+    assert info.value.code == 500
+    assert "Traceback" not in body and "secret" not in body and "error" in body
