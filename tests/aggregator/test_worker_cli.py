@@ -1,0 +1,72 @@
+"""``ldp-stream work`` configuration errors: one readable line and exit status 2 (no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggregator.cli import main
+from tests.integration import pipeline_support as ps
+
+BASE = f"""
+[pipeline]
+name = "flights"
+schema = "{ps.SCHEMA}"
+
+[kafka]
+bootstrap_servers = "127.0.0.1:9"
+"""
+
+CASES = {
+    "unknown_field": ("""
+[[queries]]
+kind = "mean"
+name = "m"
+field = "arr_delay"
+colour = "blue"
+""", "colour"),
+    "unknown_section_key": ("""
+[worker]
+group_id = "g"
+checkpoint_every = 3
+""", "checkpoint_every"),
+    "sl_with_non_smooth_loss": ("""
+[[queries]]
+kind = "custom"
+name = "median"
+loss = "mechanisms.losses:CheckLoss"
+fields = ["arr_delay"]
+estimator = "sl"
+""", "smooth"),
+    "unimportable_custom_loss": ("""
+[[queries]]
+kind = "custom"
+name = "c"
+loss = "no_such_module_xyz:loss"
+fields = ["arr_delay"]
+""", "no_such_module_xyz"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_config_errors_exit_2_with_one_line(tmp_path, capsys, case):
+    extra, needle = CASES[case]
+    path = tmp_path / "bad.toml"
+    path.write_text(BASE + extra)
+    assert main(["work", "--config", str(path), "--exit-when-idle", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("ldp-stream work: error:") and needle in err
+    assert "Traceback" not in err
+
+
+def test_missing_config_file_exit_2(tmp_path, capsys):
+    assert main(["work", "--config", str(tmp_path / "nope.toml")]) == 2
+    assert "nope.toml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--max-reports", "0"], ["--exit-when-idle", "-1"]])
+def test_bad_arguments_exit_2(tmp_path, capsys, args):
+    path = tmp_path / "ok.toml"
+    path.write_text(BASE)
+    assert main(["work", "--config", str(path), *args]) == 2
+    assert "must be" in capsys.readouterr().err
