@@ -70,6 +70,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: ``[kafka] bootstrap_servers`` when the section does not give one (loopback only).
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -128,7 +131,8 @@ class PipelineConfig(_Frozen):
     pipeline : PipelineSection
     kafka : ingest.kafka.KafkaSettings or dict
         Client settings (``bootstrap_servers``, ``security_protocol``, ``sasl_*``, ``ssl_*``);
-        a ``KafkaSettings`` when :mod:`ingest.kafka` provides it, else the raw mapping.
+        a ``KafkaSettings`` when :mod:`ingest.kafka` provides it, else the raw mapping;
+        ``bootstrap_servers`` defaults to :data:`DEFAULT_BOOTSTRAP` (127.0.0.1:9092).
     topics, worker, serve : sections
     queries : tuple of Query
         Names are unique.
@@ -299,9 +303,10 @@ def _kafka_settings(raw: Any):
         if hasattr(raw, "model_dump"):
             return raw
         raise ConfigError("kafka: must be a table")
+    raw = {"bootstrap_servers": DEFAULT_BOOTSTRAP, **raw}
     try:
         from ingest.kafka import KafkaSettings
-    except ImportError:
+    except ImportError:  # pragma: no cover - only while ingest.kafka is being written
         return dict(raw)
     try:
         return KafkaSettings(**raw)

@@ -1,0 +1,150 @@
+"""Pipeline config: TOML loading, sections, query validation against the schema."""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+
+import pytest
+from pydantic import ValidationError
+
+from aggregator.config import PipelineConfig, load_custom_loss
+from aggregator.errors import ConfigError
+from aggregator.queries import (
+    FrequencyQuery,
+    LogisticRegressionQuery,
+    QuantilesQuery,
+    parse_query,
+    query_fields,
+)
+from tests.aggregator._state_support import make_schema
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "flights.pipeline.toml"
+
+
+def write(tmp_path, body: str, schema: bool = True) -> pathlib.Path:
+    if schema:
+        (tmp_path / "s.toml").write_text(make_schema().dumps_toml())
+    p = tmp_path / "p.pipeline.toml"
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+HEAD = """
+[pipeline]
+name = "t"
+schema = "s.toml"
+"""
+
+
+def test_example_pipeline_loads():
+    cfg = PipelineConfig.load(EXAMPLE)
+    names = [q.name for q in cfg.queries]
+    assert names == ["arr_delay_mean", "arr_delay_variance", "arr_delay_quantiles", "carrier_distribution",
+                     "dest_distribution", "late_arrival_logit", "arr_on_dep_median"]
+    assert cfg.schema_path == (EXAMPLE.parent / "flights.schema.toml")
+    assert cfg.telemetry_schema.name == "flights"
+    assert cfg.serve.host == "127.0.0.1" and cfg.topics.partitions == 4
+    assert tuple(cfg.kafka.bootstrap_servers) == ("127.0.0.1:9092",)
+    q = cfg.query("arr_delay_quantiles")
+    assert isinstance(q, QuantilesQuery) and q.q == (0.5, 0.9)
+    lg = cfg.query("late_arrival_logit")
+    assert isinstance(lg, LogisticRegressionQuery) and lg.threshold == 15.0
+    assert query_fields(lg) == ("hour", "distance", "arr_delay")
+    with pytest.raises(ConfigError, match="no query named"):
+        cfg.query("nope")
+
+
+def test_defaults_and_relative_schema(tmp_path):
+    p = write(tmp_path, HEAD + """
+    [[queries]]
+    kind = "frequency"
+    name = "cd"
+    field = "d"
+    """)
+    cfg = PipelineConfig.load(p)
+    assert cfg.schema_path == tmp_path / "s.toml"
+    assert cfg.worker.checkpoint_interval_s > 0 and cfg.serve.host == "127.0.0.1"
+    assert isinstance(cfg.queries[0], FrequencyQuery) and cfg.queries[0].level == 0.95
+    with pytest.raises(ValidationError):  # frozen
+        cfg.topics = None  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "nope"\n', r"m\.field: 'nope' is not a field"),
+        ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "c"\n', r"queries\.m\.field: 'c' is a categorical"),
+        ('[[queries]]\nkind = "frequency"\nname = "f"\nfield = "a"\n', r"f\.field: 'a' is a numeric"),
+        ('[[queries]]\nkind = "quantile_regression"\nname = "qr"\nresponse = "b"\ncovariates = ["a"]\n'
+         'estimator = "sdr"\n', r"queries\.qr\.estimator"),
+        ('[[queries]]\nkind = "logistic_regression"\nname = "l"\ncovariates = ["a"]\nlabel = "b"\n'
+         'threshold = 0.0\nestimator = "sdr"\n', r"queries\.l.*thresholded label"),
+        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "no_such_module_xyz:f"\nfields = ["a"]\n',
+         r"queries\.c\.loss: cannot import module 'no_such_module_xyz'"),
+        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:nope"\nfields = ["a"]\n',
+         r"queries\.c\.loss: module 'mechanisms.losses' has no attribute"),
+        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:relu_loss"\nfields = ["a"]\n'
+         'estimator = "sdr"\n', r"queries\.c\.estimator: 'sdr' needs a loss twice differentiable"),
+        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "json:dumps"\nfields = ["a"]\n',
+         r"queries\.c\.loss"),
+        ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\n[[queries]]\nkind = "mean"\nname = "m"\n'
+         'field = "b"\n', "used twice"),
+        ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\nlevel = 1.5\n', r"queries\.m\.level"),
+        ('[[queries]]\nkind = "quantiles"\nname = "q"\nfield = "a"\nq = []\n', r"queries\.q\.q"),
+        ('[[queries]]\nkind = "histogram"\nname = "h"\nfield = "a"\n', r"queries\.h"),
+        ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\ncolour = "red"\n', r"queries\.m\.colour"),
+        ('[topics]\npartitions = 0\n', r"topics\.partitions"),
+        ('[worker]\nmetrics_port = 70000\n', r"worker\.metrics_port"),
+        ('[serve]\nrefresh_interval_s = -1\n', r"serve\.refresh_interval_s"),
+        ('[kafka]\nbootstrap_servers = 5\n', r"kafka"),
+        ('[bogus]\nx = 1\n', r"bogus"),
+    ],
+)
+def test_invalid_configs_name_the_key(tmp_path, body, match):
+    p = write(tmp_path, HEAD + body)
+    with pytest.raises(ConfigError, match=match) as info:
+        PipelineConfig.load(p)
+    assert "\n" not in str(info.value)
+
+
+def test_file_problems(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        PipelineConfig.load(tmp_path / "missing.toml")
+    p = write(tmp_path, "[pipeline\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        PipelineConfig.load(p)
+    p = write(tmp_path, "[pipeline]\nname = 't'\nschema = 'other.toml'\n")
+    with pytest.raises(ConfigError, match=r"pipeline\.schema: file not found"):
+        PipelineConfig.load(p)
+    p = write(tmp_path, "[topics]\npartitions = 2\n")
+    with pytest.raises(ConfigError, match=r"pipeline: missing"):
+        PipelineConfig.load(p)
+    (tmp_path / "bad.toml").write_text("name = 'x'\n")
+    p = write(tmp_path, "[pipeline]\nname = 't'\nschema = 'bad.toml'\n")
+    with pytest.raises(ConfigError, match=r"pipeline\.schema: .*bad\.toml"):
+        PipelineConfig.load(p)
+    cfg = PipelineConfig.load(p, validate=False)  # parsing only
+    assert cfg.pipeline.name == "t"
+
+
+def test_custom_loss_loading():
+    loss = load_custom_loss("mechanisms.losses:LogisticLoss")  # a class is instantiated
+    assert hasattr(loss, "grad")
+    assert load_custom_loss("mechanisms.losses:relu_loss").smooth is False
+    with pytest.raises(ConfigError, match="not a loss object"):
+        load_custom_loss("json:JSONDecoder")
+
+
+def test_parse_query_errors_are_one_line():
+    with pytest.raises(ConfigError, match=r"queries\.m\.field: Field required"):
+        parse_query({"kind": "mean", "name": "m"})
+    with pytest.raises(ConfigError, match="name must start with a letter"):
+        parse_query({"kind": "mean", "name": "bad name", "field": "a"})
+    with pytest.raises(ConfigError, match="tau must be in"):
+        parse_query({"kind": "quantile_regression", "name": "r", "response": "b", "covariates": [], "tau": 1})
+    with pytest.raises(ConfigError, match="must not also be a covariate"):
+        parse_query({"kind": "linear_regression", "name": "r", "response": "a", "covariates": ["a"]})
+    q = parse_query({"kind": "mean", "name": "m", "field": "a"})
+    assert parse_query(q) is q and q.estimator == "sdr"

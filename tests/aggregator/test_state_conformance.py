@@ -1,0 +1,230 @@
+"""Conformance of every registered state class (River style): update / merge / estimate,
+serialization round trip, merge of halves == one pass, repr, pickle, empty states."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from aggregator.errors import ConfigError, StateError
+from aggregator.queries import parse_query
+from aggregator.state import STATE_CLASSES, EmptyStateError, Estimate, State, build_state, doubling_rng
+from aggregator.state.base import FORMAT_MAGIC
+from tests.aggregator._state_support import make_batch, make_schema, split
+
+QUERIES = [
+    {"kind": "frequency", "name": "f_urr", "field": "c"},
+    {"kind": "frequency", "name": "f_urap_em", "field": "d", "method": "em"},
+    {"kind": "frequency", "name": "f_urap_proj", "field": "d", "method": "projected"},
+    {"kind": "mean", "name": "m_sdr", "field": "a"},
+    {"kind": "mean", "name": "m_dr", "field": "a", "estimator": "dr"},
+    {"kind": "mean", "name": "m_sl", "field": "b", "estimator": "sl"},
+    {"kind": "mean", "name": "m_naive", "field": "b", "estimator": "naive"},
+    {"kind": "variance", "name": "v_sdr", "field": "a"},
+    {"kind": "variance", "name": "v_dr", "field": "b", "estimator": "dr"},
+    {"kind": "quantiles", "name": "q", "field": "b", "q": [0.1, 0.5, 0.9], "bins": 500},
+    {"kind": "linear_regression", "name": "lr", "response": "b", "covariates": ["a"]},
+    {"kind": "linear_regression", "name": "lr0", "response": "b", "covariates": ["a", "y"],
+     "intercept": False},
+    {"kind": "logistic_regression", "name": "lg_thr", "covariates": ["a"], "label": "b", "threshold": -1.5},
+    {"kind": "logistic_regression", "name": "lg_sdr", "covariates": ["a"], "label": "y", "estimator": "sdr"},
+    {"kind": "quantile_regression", "name": "qr", "response": "b", "covariates": ["a"], "tau": 0.5},
+    {"kind": "custom", "name": "cu", "loss": "mechanisms.losses:relu_loss", "fields": ["b"]},
+]
+EXACT_KINDS = {"frequency", "mean", "variance", "quantiles", "linear_regression"}
+IDS = [q["name"] for q in QUERIES]
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return make_schema()
+
+
+@pytest.fixture(scope="module")
+def data(schema):
+    return make_batch(schema, 4000, np.random.default_rng(20240601))
+
+
+def test_every_registered_kind_is_exercised():
+    kinds = {q["kind"] for q in QUERIES}
+    assert kinds == set(STATE_CLASSES)
+    assert {c.__name__ for c in STATE_CLASSES.values()} == {
+        "CountsState", "MomentsState", "HistogramState", "GramState", "SGDState"}
+
+
+@pytest.mark.parametrize("qd", QUERIES, ids=IDS)
+def test_update_estimate(qd, schema, data):
+    batch, x2, _ = data
+    st = build_state(qd, schema)
+    assert st.n == 0
+    assert st.update(batch, x2) is st
+    assert st.n == batch.n
+    est = st.estimate()
+    assert isinstance(est, Estimate)
+    k = len(est.params)
+    assert k >= 1 and est.query == qd["name"] and est.n == batch.n
+    for arr in (est.value, est.stderr, est.ci_low, est.ci_high):
+        assert arr.shape == (k,) and np.all(np.isfinite(arr))
+    assert np.all(est.stderr > 0)
+    assert np.all(est.ci_low <= est.value) and np.all(est.value <= est.ci_high)
+    d = est.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert d["params"] == list(est.params)
+
+
+@pytest.mark.parametrize("qd", QUERIES, ids=IDS)
+def test_bytes_round_trip(qd, schema, data):
+    batch, x2, _ = data
+    st = build_state(qd, schema).update(batch, x2)
+    blob = st.to_bytes()
+    assert blob.startswith(FORMAT_MAGIC)
+    back = State.from_bytes(blob, parse_query(qd), schema)
+    assert type(back) is type(st) and back.n == st.n
+    assert back.to_bytes() == blob
+    assert back.estimate() == st.estimate()
+    # the restored state keeps streaming identically
+    b2, x22, _ = make_batch(schema, 300, np.random.default_rng(7))
+    assert st.update(b2, x22).to_bytes() == back.update(b2, x22).to_bytes()
+
+
+@pytest.mark.parametrize("qd", QUERIES, ids=IDS)
+def test_merge_of_halves(qd, schema, data):
+    batch, x2, _ = data
+    one = build_state(qd, schema).update(batch, x2)
+    (b1, x21), (b2, x22) = split(batch, x2, 1700)
+    left = build_state(qd, schema).update(b1, x21)
+    right = build_state(qd, schema).update(b2, x22)
+    summed = left + right
+    assert left.n == 1700 and summed.n == one.n  # `+` does not mutate
+    left += right
+    assert left.n == one.n
+    e1, e2 = one.estimate(), left.estimate()
+    assert e1.params == e2.params and e2.n == e1.n
+    if qd["kind"] in EXACT_KINDS:
+        for a in ("value", "stderr", "ci_low", "ci_high"):
+            np.testing.assert_allclose(getattr(e2, a), getattr(e1, a), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(summed.estimate().value, e1.value, rtol=1e-9, atol=1e-12)
+    else:
+        # SGD: inverse-variance combination, not bit-identical; agrees within the CIs
+        half = (e1.ci_high - e1.ci_low) / 2
+        assert np.all(np.abs(e2.value - e1.value) < 2 * half)
+        assert left.comp_s.size == 1
+
+
+@pytest.mark.parametrize("qd", QUERIES, ids=IDS)
+def test_repr_pickle_and_empty(qd, schema, data):
+    batch, x2, _ = data
+    empty = build_state(qd, schema)
+    assert qd["name"] in repr(empty)
+    with pytest.raises(EmptyStateError, match=qd["name"]):
+        empty.estimate()
+    assert empty.n == 0
+    empty2 = State.from_bytes(empty.to_bytes(), empty.query, schema)
+    assert empty2.n == 0
+    st = build_state(qd, schema).update(batch, x2)
+    clone = pickle.loads(pickle.dumps(st))
+    assert clone.estimate() == st.estimate()
+    # repr never raises, even on a damaged object
+    for attr in list(vars(st)):
+        setattr(clone, attr, None)
+    assert isinstance(repr(clone), str)
+    # merging an empty state changes nothing
+    before = st.estimate()
+    st.merge(build_state(qd, schema))
+    assert st.n == before.n
+    if qd["kind"] in EXACT_KINDS:
+        np.testing.assert_allclose(st.estimate().value, before.value, rtol=1e-12)
+
+
+def test_update_with_empty_batch_is_a_no_op(schema, data):
+    batch, x2, _ = data
+    st = build_state(QUERIES[4], schema).update(batch, x2)
+    blob = st.to_bytes()
+    (empty, ex2), _ = split(batch, x2, 0)
+    st.update(empty, ex2)
+    assert st.to_bytes() == blob
+
+
+def test_incompatible_merges_and_restores_raise(schema, data):
+    batch, x2, _ = data
+    m = build_state(QUERIES[3], schema).update(batch, x2)
+    v = build_state(QUERIES[7], schema).update(batch, x2)
+    with pytest.raises(StateError, match="cannot merge"):
+        m.merge(v)
+    other_spec = build_state({**QUERIES[3], "level": 0.9}, schema)
+    with pytest.raises(StateError, match="different queries"):
+        m.merge(other_spec)
+    with pytest.raises(StateError, match="another spec"):
+        State.from_bytes(m.to_bytes(), parse_query({**QUERIES[3], "level": 0.9}), schema)
+    with pytest.raises(StateError, match="magic"):
+        State.from_bytes(b"garbage", m.query, schema)
+    with pytest.raises(StateError, match="JSON"):
+        State.from_bytes(FORMAT_MAGIC + b"{not json", m.query, schema)
+    with pytest.raises(StateError, match="not a"):
+        type(v).from_bytes(build_state(QUERIES[0], schema).to_bytes(), parse_query(QUERIES[0]), schema)
+
+
+def test_batch_checks(schema, data):
+    batch, x2, _ = data
+    st = build_state(QUERIES[4], schema)  # DR mean needs x2
+    with pytest.raises(StateError, match="needs x2"):
+        st.update(batch)
+    with pytest.raises(StateError, match="shape"):
+        st.update(batch, x2[:10])
+    from ingest.batch import ReportBatch
+
+    alien = ReportBatch(b"\x00" * 16, batch.numeric, dict(batch.categorical))
+    with pytest.raises(StateError, match="fingerprint"):
+        st.update(alien, x2)
+    # SDR mean works without x2
+    assert build_state(QUERIES[3], schema).update(batch).n == batch.n
+
+
+@pytest.mark.parametrize(
+    ("qd", "match"),
+    [
+        ({"kind": "mean", "name": "m", "field": "c"}, "queries.m.field"),
+        ({"kind": "frequency", "name": "f", "field": "a"}, "categorical"),
+        ({"kind": "linear_regression", "name": "l", "response": "zz", "covariates": ["a"]}, "response"),
+        ({"kind": "custom", "name": "c", "loss": "mechanisms.losses:relu_loss", "fields": ["a"],
+          "estimator": "sdr"}, "estimator"),
+    ],
+)
+def test_build_state_rejects_bad_queries(qd, match, schema):
+    with pytest.raises(ConfigError, match=match):
+        build_state(qd, schema)
+
+
+def test_doubling_rng_is_deterministic_per_record():
+    a = doubling_rng(b"record-1").standard_normal(5)
+    b = doubling_rng(b"record-1").standard_normal(5)
+    c = doubling_rng(b"record-2").standard_normal(5)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert np.array_equal(doubling_rng(bytearray(b"record-1")).standard_normal(5), a)
+
+
+def test_replay_with_doubling_rng_is_bit_identical(schema, data):
+    batch, _, _ = data
+    zil = schema.zil_mechanism()
+    record = batch.numeric.tobytes()
+    states = []
+    for _ in range(2):
+        x2 = zil.double(batch.numeric, doubling_rng(record))
+        states.append(build_state(QUERIES[9], schema).update(batch, x2))
+    assert states[0].to_bytes() == states[1].to_bytes()
+
+
+def test_estimate_validation_and_dict():
+    e = Estimate("q", ("a", "b"), [1, 2], [0.1, np.inf], [0.8, -np.inf], [1.2, np.inf], 5, 0.95, "sdr")
+    d = e.to_dict()
+    assert d["stderr"] == [0.1, None] and d["ci_low"][1] is None
+    json.dumps(d, allow_nan=False)
+    assert e["a"] == (1.0, 0.1, 0.8, 1.2)
+    with pytest.raises(StateError, match="value"):
+        Estimate("q", ("a",), [1, 2], [0.1], [0.8], [1.2], 5, 0.95, "sdr")
+    assert "q" in repr(e)
+    with pytest.raises(ValueError):
+        e.value[0] = 3.0  # read-only
