@@ -30,7 +30,6 @@ import numpy as np
 from ingest.batch import ReportBatch
 from ingest.errors import DecodeError, SchemaError
 from ingest.schema import TelemetrySchema
-from mechanisms.errors import ParameterError
 from mechanisms.uldp.sparse import SparseBits
 
 logger = logging.getLogger(__name__)
@@ -414,7 +413,10 @@ def _decode_bitmap(name: str, payload: memoryview, n: int, w: int, lw: int, k: i
 
 
 def _sparse(name: str, idx: np.ndarray, offsets: np.ndarray, k: int) -> SparseBits:
-    try:
-        return SparseBits(idx, offsets, k)
-    except ParameterError as exc:
-        raise MalformedError(f"field {name!r}: {exc}") from None
+    """Wrap arrays the decoder has already validated (offsets from a cumsum of lengths that sum
+    to nnz, positions < k and strictly increasing within a report) without re-validating."""
+    out = object.__new__(SparseBits)
+    object.__setattr__(out, "indices", np.ascontiguousarray(idx, dtype=np.int32))
+    object.__setattr__(out, "offsets", np.ascontiguousarray(offsets, dtype=np.int64))
+    object.__setattr__(out, "k", int(k))
+    return out

@@ -12,6 +12,7 @@ the same vectorised code path, so validation and clipping are identical.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import numbers
@@ -298,9 +299,7 @@ class Privatizer:
         lut = self._luts[c.name]
         n = col.shape[0]
         if col.dtype.kind == "U":
-            code = np.fromiter((lut.get(v, -1) for v in col.tolist()), dtype=np.int32, count=n)
-            zeros = np.zeros(n, dtype=bool)
-            return code, zeros, zeros.copy(), code < 0
+            col = col.astype(object)
         if col.dtype.kind != "O":
             # numbers / bools are not categories
             if col.dtype.kind == "f":
@@ -309,18 +308,24 @@ class Privatizer:
                 missing = np.zeros(n, dtype=bool)
             z = np.zeros(n, dtype=np.int32)
             return z, missing, ~missing, np.zeros(n, dtype=bool)
+        # dict lookups driven by map() (no per-row Python frame); rows it cannot place are then
+        # classified one by one
         items = col.tolist()
-        code = np.fromiter((lut.get(v, -1) if isinstance(v, str) else -2 for v in items),
-                           dtype=np.int32, count=n)
-        unknown = code == -1
-        nonstr = code == -2
+        try:
+            code = np.fromiter(map(lut.get, items, itertools.repeat(-1, n)), dtype=np.int32, count=n)
+        except TypeError:  # an unhashable value (list, dict, ...)
+            code = np.array([_lookup(lut, v) for v in items], dtype=np.int32)
+        unknown = np.zeros(n, dtype=bool)
         missing = np.zeros(n, dtype=bool)
-        if nonstr.any():
-            for i in np.flatnonzero(nonstr):
-                v = items[i]
-                if v is None or (isinstance(v, float) and math.isnan(v)) or _is_na(v):
-                    missing[i] = True
-        wrong = nonstr & ~missing
+        wrong = np.zeros(n, dtype=bool)
+        for i in np.flatnonzero(code < 0):
+            v = items[i]
+            if isinstance(v, str):
+                unknown[i] = True
+            elif v is None or (isinstance(v, float) and math.isnan(v)) or _is_na(v):
+                missing[i] = True
+            else:
+                wrong[i] = True
         code[code < 0] = 0
         return code, missing, wrong, unknown
 
@@ -416,6 +421,13 @@ def _int_column(col: np.ndarray, name: str) -> np.ndarray:
     if col.dtype.kind not in "iu":
         raise SchemaError(f"field {name!r}: expected integers, got dtype {col.dtype}")
     return col.astype(np.int64)
+
+
+def _lookup(lut: dict[str, int], v: Any) -> int:
+    try:
+        return lut.get(v, -1)
+    except TypeError:  # unhashable
+        return -1
 
 
 def _is_na(v: Any) -> bool:

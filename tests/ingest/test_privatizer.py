@@ -159,6 +159,7 @@ def test_urr_origin_distribution_small():
         ("b", float("inf"), "not finite"),
         ("c", "nope", "unknown category"),
         ("c", 3, "not a string"),
+        ("c", ["x"], "not a string"),
         ("c", None, "missing"),
         ("e", float("nan"), "missing"),
     ],
