@@ -62,6 +62,9 @@ def _check_indices(name: str, idx) -> tuple[int, ...]:
     return out
 
 
+_SQRT_2PI = float(np.sqrt(2.0 * np.pi))
+
+
 def _not_smooth_msg(name: str) -> str:
     return f"{name} is not twice differentiable in its noised columns; DR is required (method='dr')"
 
@@ -192,6 +195,20 @@ class Loss(ABC):
             If the loss is not twice differentiable in the noised columns (use DR).
         """
         raise ParameterError(_not_smooth_msg(self.name))
+
+    def smoothed_hessian(self, x: np.ndarray, theta: np.ndarray, bandwidth: float) -> np.ndarray | None:
+        """Mean θ-Hessian of a kernel-smoothed version of ℓ, (q, q), or None if not provided.
+
+        Losses whose θ-gradient jumps (check, hinge) replace the Dirac mass of ``∂²ℓ/∂η²`` by a
+        Gaussian kernel of width ``bandwidth`` (units of the residual/margin); used for the
+        sandwich's V (DESIGN §2, "smoothed score").
+        """
+        return None
+
+    def residual_spread(self, x: np.ndarray, theta: np.ndarray) -> float:
+        """Robust spread (IQR/1.349) of the quantity the loss kinks in (residual, margin); sets
+        the kernel bandwidth of :meth:`smoothed_hessian`."""
+        return 1.0
 
     def theta_scale(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """A natural unit per parameter, shape (q,), used for numerical-derivative steps and
@@ -331,6 +348,13 @@ class CheckLoss(Loss):
 
     def theta_scale(self, x, theta):
         return _robust_spread(x[:, :1])
+
+    def smoothed_hessian(self, x, theta, bandwidth):
+        u = (x[:, 0] - theta[0]) / bandwidth
+        return np.array([[float(np.mean(np.exp(-0.5 * u * u))) / (bandwidth * _SQRT_2PI)]])
+
+    def residual_spread(self, x, theta):
+        return float(_robust_spread(x[:, :1])[0])
 
     def __repr__(self) -> str:
         return f"CheckLoss(tau={self.tau}, noised={bool(self.noised)})"
@@ -562,11 +586,26 @@ class _IndexLoss(Loss):
         if not np.all(np.isfinite(y)):
             raise ParameterError(f"{name}: the response must be finite")
 
+    def _cols(self, x: np.ndarray) -> np.ndarray:
+        """Covariate block of ``x`` (a view when the covariates are the leading columns)."""
+        p = x.shape[1]
+        if self.covariates is None:
+            return x[:, : p - 1] if self.label is None else x
+        return x[:, list(self.covariates)]
+
     def _design(self, x: np.ndarray) -> np.ndarray:
-        cols = x[:, list(self._cov_cols(x.shape[1]))]
+        cols = self._cols(x)
         if self.intercept:
-            return np.hstack([np.ones((x.shape[0], 1)), cols])
+            z = np.empty((x.shape[0], cols.shape[1] + 1))
+            z[:, 0] = 1.0
+            z[:, 1:] = cols
+            return z
         return cols
+
+    def _eta(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
+        if self.intercept:
+            return self._cols(x) @ theta[1:] + theta[0]
+        return self._cols(x) @ theta
 
     def _y(self, x: np.ndarray) -> np.ndarray:
         if self.label is None:
@@ -616,11 +655,17 @@ class _IndexLoss(Loss):
         return coef
 
     def value(self, x, theta):
-        return self._phi(self._design(x) @ theta, self._y(x))
+        return self._phi(self._eta(x, theta), self._y(x))
 
     def grad(self, x, theta):
-        z = self._design(x)
-        return self._phi_eta(z @ theta, self._y(x))[:, None] * z
+        pe = self._phi_eta(self._eta(x, theta), self._y(x))
+        cols = self._cols(x)
+        if not self.intercept:
+            return pe[:, None] * cols
+        out = np.empty((x.shape[0], cols.shape[1] + 1))
+        out[:, 0] = pe
+        np.multiply(pe[:, None], cols, out=out[:, 1:])
+        return out
 
     def laplacian_x(self, x, theta, weights):
         if not self.smooth:
@@ -651,6 +696,24 @@ class _IndexLoss(Loss):
         if ypos is not None:
             out = out + (w[ypos] * self._phi_yye(eta, y))[:, None] * z
         return out
+
+    def _kink(self, eta, y):
+        """Argument at which φ kinks (residual or margin); None for smooth φ."""
+        return None
+
+    def smoothed_hessian(self, x, theta, bandwidth):
+        eta, y = self._eta(x, theta), self._y(x)
+        k = self._kink(eta, y)
+        if k is None:
+            return None
+        u = k / bandwidth
+        w = np.exp(-0.5 * u * u) / (bandwidth * _SQRT_2PI)
+        z = self._design(x)
+        return (z * w[:, None]).T @ z / x.shape[0]
+
+    def residual_spread(self, x, theta):
+        k = self._kink(self._eta(x, theta), self._y(x))
+        return 1.0 if k is None else float(_robust_spread(k[:, None])[0])
 
     def theta_scale(self, x, theta):
         z, y = self._design(x), self._y(x)
@@ -816,6 +879,9 @@ class HingeLoss(_IndexLoss):
         s = self._sign(y)
         return -s * (s * eta < 1.0)
 
+    def _kink(self, eta, y):
+        return 1.0 - self._sign(y) * eta
+
     def theta_scale(self, x, theta):
         zs = _robust_spread(self._design(x))
         if self.intercept:
@@ -895,3 +961,6 @@ class QuantileRegressionLoss(_IndexLoss):
 
     def _phi_eta(self, eta, y):
         return (y < eta).astype(np.float64) - self.tau
+
+    def _kink(self, eta, y):
+        return y - eta
