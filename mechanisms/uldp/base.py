@@ -248,7 +248,7 @@ class FrequencyMechanism:
         level : float in (0, 1)
             Confidence level of the intervals.
         **em_options
-            ``max_iter`` (default 10000) and ``tol`` (default 1e-10, l1 change) for ``em``.
+            ``max_iter`` (default 2000) and ``tol`` (default 1e-7, l1 change between iterations) for ``em``.
 
         Returns
         -------
@@ -306,7 +306,7 @@ def _check_n(n) -> int:
     return int(n)
 
 
-def em_loop(update, p0: np.ndarray, max_iter: int = 10000, tol: float = 1e-10) -> np.ndarray:
+def em_loop(update, p0: np.ndarray, max_iter: int = 2000, tol: float = 1e-7) -> np.ndarray:
     """Iterate ``p ← update(p)`` until the l1 change is < ``tol`` or ``max_iter`` iterations."""
     p = p0
     for it in range(int(max_iter)):

@@ -264,7 +264,7 @@ class URAP(FrequencyMechanism):
         # bits j != l: Cov(y_j, y_l) = -b_j b_l p_j p_l  ⇒  Cov(p̂_j, p̂_l) = -p_j p_l / n
         return p
 
-    def _em(self, counts: FrequencyCounts, max_iter: int = 10000, tol: float = 1e-10) -> np.ndarray:
+    def _em(self, counts: FrequencyCounts, max_iter: int = 2000, tol: float = 1e-7) -> np.ndarray:
         """EM over the exact likelihood. Revealed reports identify x. A protected report with
         sensitive pattern z has Q(z|xᵢ) ∝ r(zᵢ) for sensitive xᵢ (r(1) = θ/d₁,
         r(0) = (1−θ)/(1−d₁)) and ∝ d₂ for non-sensitive x (common factor Πⱼ d₁^{zⱼ}(1−d₁)^{1−zⱼ})."""
@@ -284,9 +284,12 @@ class URAP(FrequencyMechanism):
             nb = (s + 7) // 8
             packed = np.frombuffer(b"".join(bytes.fromhex(kk) for kk in keys), np.uint8).reshape(-1, nb)
             dense = np.unpackbits(packed, axis=1)[:, :s]
-            Mz = sp.csr_matrix(dense.astype(np.float64))
+            # dense products are faster for small pattern tables; sparse for large ones
+            Mz = dense.astype(np.float64)
+            if Mz.size > 1 << 21:
+                Mz = sp.csr_matrix(Mz)
         else:
-            Mz = sp.csr_matrix((0, s))
+            Mz = np.zeros((0, s))
         r1 = self.theta / self.d1
         r0 = (1 - self.theta) / (1 - self.d1)
         d2 = self.d2

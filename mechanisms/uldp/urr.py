@@ -154,7 +154,7 @@ class URR(FrequencyMechanism):
         _, b = self._intercept_slope()
         return m / b
 
-    def _em(self, counts: FrequencyCounts, max_iter: int = 10000, tol: float = 1e-10) -> np.ndarray:
+    def _em(self, counts: FrequencyCounts, max_iter: int = 2000, tol: float = 1e-7) -> np.ndarray:
         """EM p ← p ⊙ Qᵀ(m̂ ⊘ Qp) in O(k) per step using the structure of Q:
         (Qp)_y = a_y + c₃ p_y and (Qᵀw)_x = c₂ Σ_{y∈𝒳_S} w_y + c₃ w_x."""
         m = counts.counts / counts.n
