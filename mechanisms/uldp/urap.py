@@ -57,17 +57,20 @@ def sample_subsets(M: np.ndarray, c: np.ndarray, rng: np.random.Generator) -> tu
         Mrep = M[rows]
         pos = rng.integers(0, Mrep)
         width = int(M.max()) + 1
-        todo = np.arange(rows.size)
-        while True:
-            key = rows * width + pos
+        ent = np.arange(rows.size)  # entries of rows that may still hold duplicates
+        while ent.size:
+            key = rows[ent] * width + pos[ent]
             order = np.argsort(key, kind="stable")
             ks = key[order]
             dup = np.zeros(ks.size, dtype=bool)
             dup[1:] = ks[1:] == ks[:-1]
             if not dup.any():
                 break
-            todo = order[dup]
+            todo = ent[order[dup]]
             pos[todo] = rng.integers(0, Mrep[todo])
+            bad = np.zeros(n, dtype=bool)
+            bad[rows[todo]] = True
+            ent = ent[bad[rows[ent]]]
     else:
         pos = np.zeros(0, np.int64)
     if not comp.any():
