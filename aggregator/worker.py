@@ -435,6 +435,8 @@ class Worker:
         prod = {k: v for k, v in plain.items() if k in ("bootstrap_servers", "security_protocol",
                                                          "sasl_mechanism", "sasl_plain_username",
                                                          "sasl_plain_password", "ssl_cafile",
+                                                         "ssl_certfile", "ssl_keyfile", "ssl_password",
+                                                         "ssl_check_hostname",
                                                          "request_timeout_ms", "api_version")}
         prod.update(self.producer_config)
         prod.setdefault("max_request_size", max(self.max_record_bytes + 65536, 1048576))
