@@ -1,0 +1,697 @@
+"""Checks of deploy/: every file parses, docker-compose / Prometheus / Grafana / Kubernetes refer to
+things that exist (services, files, ports, CLI flags, metric names), and the KEDA scaler never
+scales past the partition count.
+
+Metric names used by the dashboard and the alert rules are checked against what a real worker and
+a real serve expose over HTTP (``WorkerMetrics`` registers every family at construction — checked
+here too — and serve's ``/metrics`` route is scraped from uvicorn on 127.0.0.1). ``docker compose
+config`` and ``promtool`` run where installed and are skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="pyyaml is in the dev extras")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+COMPOSE = DEPLOY / "docker-compose.yml"
+CONFIG = DEPLOY / "config" / "flights.pipeline.toml"
+K8S = DEPLOY / "k8s"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "ldp-stream.json"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+PROM = DEPLOY / "prometheus" / "prometheus.yml"
+LDP_IMAGE = "ldp-stream"
+IMAGE_ROOT = "/app"  # WORKDIR of deploy/Dockerfile: /app/<path> is <repo>/<path>
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _yaml_docs(path: Path) -> list:
+    with path.open(encoding="utf-8") as fh:
+        return [d for d in yaml.safe_load_all(fh) if d is not None]
+
+
+def _compose() -> dict:
+    (doc,) = _yaml_docs(COMPOSE)
+    return doc
+
+
+def _pipeline() -> dict:
+    return tomllib.loads(CONFIG.read_text(encoding="utf-8"))
+
+
+def _k8s_objects() -> list[dict]:
+    out = []
+    for p in sorted(K8S.glob("*.yaml")):
+        out.extend(d for d in _yaml_docs(p) if isinstance(d, dict) and "metadata" in d)
+    return out
+
+
+def _k8s(kind: str, name: str) -> dict:
+    for obj in _k8s_objects():
+        if obj["kind"] == kind and obj["metadata"]["name"] == name:
+            return obj
+    raise AssertionError(f"no {kind} {name!r} in deploy/k8s")
+
+
+def _ldp_services(compose: dict) -> dict[str, dict]:
+    return {n: s for n, s in compose["services"].items() if str(s.get("image", "")).startswith(LDP_IMAGE)}
+
+
+def _ldp_commands() -> list[tuple[str, list[str]]]:
+    """(where, argv after ``ldp-stream``) of every container running the ldp-stream image."""
+    out = [(f"compose:{n}", [str(a) for a in s["command"]]) for n, s in _ldp_services(_compose()).items()]
+    for obj in _k8s_objects():
+        if obj["kind"] != "Deployment":
+            continue
+        for c in obj["spec"]["template"]["spec"]["containers"]:
+            if c["image"].startswith(LDP_IMAGE):
+                out.append((f"k8s:{obj['metadata']['name']}/{c['name']}", [str(a) for a in c["args"]]))
+    return out
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag:
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _cli_flags(subcommand: str) -> set[str]:
+    """``--flags`` listed by ``ldp-stream <subcommand> --help`` (the real parser's help text)."""
+    from aggregator.cli import build_parser
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([subcommand, "--help"])
+    assert exc.value.code == 0, f"ldp-stream {subcommand} --help failed"
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", buf.getvalue()))
+
+
+def _subcommands() -> set[str]:
+    from aggregator.cli import build_parser
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = buf.getvalue()
+    block = text.split("positional arguments:", 1)[1].split("options:", 1)[0]
+    names = set(re.findall(r"^ {4}([a-z][a-z0-9-]*)(?: {2,}|$)", block, re.M))
+    assert "work" in names, text
+    return names
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:  # 127.0.0.1 only
+        assert r.status == 200
+        return r.read().decode()
+
+
+# --------------------------------------------------------------------------- PromQL name extraction
+_PROMQL_KEYWORDS = {
+    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
+    "bool", "inf", "nan", "atan2",
+}
+_HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (or a Grafana ``label_values(metric, label)`` query).
+
+    Removes string literals, label matchers ``{…}``, ranges/subqueries ``[…]``, the label lists
+    of ``by/without/on/ignoring/group_left/group_right (…)``, then keeps identifiers that are
+    neither function calls, keywords nor numbers/durations. Label-name arguments of
+    ``label_values``/``label_replace``-like calls are string literals or bare names after the
+    first argument; only ``label_values``'s first argument is a metric.
+    """
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    s = re.sub(r"\blabel_values\s*\(\s*([A-Za-z_:][\w:]*)[^)]*\)", r"\1", s)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    s = re.sub(r"\$\w+|\$\{[^}]*\}", " ", s)  # Grafana variables
+    names = set()
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(\s*\()?", s):
+        name, call = m.group(1), m.group(2)
+        if call or name.lower() in _PROMQL_KEYWORDS:
+            continue
+        names.add(name)
+    return names
+
+
+def family_name(series: str, histograms: set[str]) -> str:
+    """Strip ``_bucket/_sum/_count`` when the rest is a histogram family."""
+    for suf in _HISTOGRAM_SUFFIXES:
+        if series.endswith(suf) and series[: -len(suf)] in histograms:
+            return series[: -len(suf)]
+    return series
+
+
+def exposition_families(text: str) -> tuple[set[str], set[str]]:
+    """(names usable in PromQL, histogram family names) from a Prometheus text exposition."""
+    names: set[str] = set()
+    histograms: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(maxsplit=3)
+            names.add(name)
+            if kind.strip() == "histogram":
+                histograms.add(name)
+        elif line and not line.startswith("#"):
+            names.add(re.match(r"[A-Za-z_:][\w:]*", line).group(0))
+    return names, histograms
+
+
+def _dashboard_exprs() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    exprs = []
+
+    def walk(panels):
+        for p in panels:
+            exprs.extend(t["expr"] for t in p.get("targets", []) if t.get("expr"))
+            walk(p.get("panels", []))
+
+    walk(dash["panels"])
+    for v in dash.get("templating", {}).get("list", []):
+        q = v.get("query")
+        exprs.append(q["query"] if isinstance(q, dict) else q)
+    return exprs
+
+
+def _alert_exprs() -> list[str]:
+    (doc,) = _yaml_docs(ALERTS)
+    return [r["expr"] for g in doc["groups"] for r in g["rules"]]
+
+
+def test_promql_extraction_examples():
+    hist = {"ldp_checkpoint_duration_seconds"}
+    cases = {
+        'sum by (reason) (increase(ldp_records_dead_lettered_total{job="w", reason=~"a|b"}[5m])) > 0':
+            {"ldp_records_dead_lettered_total"},
+        "histogram_quantile(0.95, sum by (le) (rate(ldp_checkpoint_duration_seconds_bucket[5m])))":
+            {"ldp_checkpoint_duration_seconds_bucket"},
+        'absent(up{job="ldp-worker"} == 1)': {"up"},
+        "a_total / on (instance) group_left (x) b offset 5m and c unless d": {"a_total", "b", "c", "d"},
+        "label_values(ldp_estimate, query)": {"ldp_estimate"},
+        'ldp_estimate{query=~"$query"} * 1e3': {"ldp_estimate"},
+        "deriv(ldp_consumer_lag_records[10m:1m])": {"ldp_consumer_lag_records"},
+    }
+    for expr, want in cases.items():
+        assert promql_metric_names(expr) == want, expr
+    assert family_name("ldp_checkpoint_duration_seconds_bucket", hist) == "ldp_checkpoint_duration_seconds"
+    assert family_name("ldp_checkpoints_count", hist) == "ldp_checkpoints_count"
+
+
+# ---------------------------------------------------------------------------------------- parsing
+def test_every_yaml_and_json_file_in_deploy_parses():
+    ymls = sorted([*DEPLOY.rglob("*.yml"), *DEPLOY.rglob("*.yaml")])
+    jsons = sorted(DEPLOY.rglob("*.json"))
+    assert len(ymls) >= 10 and jsons, (ymls, jsons)
+    for p in ymls:
+        docs = _yaml_docs(p)
+        assert docs and all(isinstance(d, dict) for d in docs), p
+    for p in jsons:
+        assert isinstance(json.loads(p.read_text(encoding="utf-8")), dict), p
+    for p in sorted(DEPLOY.rglob("*.toml")):
+        tomllib.loads(p.read_text(encoding="utf-8"))
+
+
+def test_pipeline_configs_load_and_match_the_example():
+    from aggregator.config import PipelineConfig
+
+    cfg = PipelineConfig.load(CONFIG)
+    example = PipelineConfig.load(ROOT / "examples" / "flights.pipeline.toml")
+    assert cfg.queries == example.queries
+    assert cfg.schema_path.resolve() == example.schema_path.resolve()
+    assert cfg.serve.host == "127.0.0.1", "0.0.0.0 must come from an explicit --host flag"
+    secure = PipelineConfig.load(DEPLOY / "config" / "secure.pipeline.toml")
+    assert secure.kafka.security_protocol == "SASL_SSL"
+
+
+# --------------------------------------------------------------------------------- docker compose
+def test_compose_references_existing_services_files_and_ports():
+    compose = _compose()
+    services = compose["services"]
+    assert {"kafka", "topic-init", "producer", "worker", "serve", "prometheus", "grafana"} <= set(services)
+    named_volumes = set(compose.get("volumes") or {})
+    pipe = _pipeline()
+    for name, svc in services.items():
+        deps = svc.get("depends_on") or []
+        for dep in deps if isinstance(deps, list) else deps.keys():
+            assert dep in services, f"{name} depends on unknown service {dep}"
+        for vol in svc.get("volumes") or []:
+            src = vol.split(":")[0]
+            if src.startswith((".", "/")):
+                assert not src.startswith("/"), f"{name}: absolute host path {src}"
+                assert (DEPLOY / src).exists(), f"{name}: mounted {src} does not exist"
+            else:
+                assert src in named_volumes, f"{name}: unknown volume {src}"
+        if "build" in svc:
+            ctx = (DEPLOY / svc["build"]["context"]).resolve()
+            assert ctx == ROOT
+            assert (ctx / svc["build"]["dockerfile"]).is_file()
+        for port in svc.get("ports") or []:
+            host_ip, host_port, container_port = str(port).split(":")
+            assert host_ip == "127.0.0.1", f"{name}: host port {port} must bind loopback only"
+            assert host_port.isdigit() and container_port.isdigit()
+
+    # workers scale: no fixed name, no host port, 2 replicas by default
+    worker = services["worker"]
+    assert "container_name" not in worker and "ports" not in worker
+    assert worker["deploy"]["replicas"] == 2
+    # published container ports are ones the services listen on
+    serve_cmd = [str(a) for a in services["serve"]["command"]]
+    serve_port = _flag_value(serve_cmd, "--port")
+    assert services["serve"]["ports"] == [f"127.0.0.1:{pipe['serve']['port']}:{serve_port}"]
+    assert _flag_value(serve_cmd, "--host") == "0.0.0.0"
+    kafka_env = services["kafka"]["environment"]
+    listeners = kafka_env["KAFKA_LISTENERS"]
+    for port in services["kafka"]["ports"]:
+        assert f"://:{str(port).split(':')[-1]}" in listeners
+    assert services["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
+    assert services["grafana"]["ports"] == ["127.0.0.1:3000:3000"]
+    # clients bootstrap through an advertised listener of the kafka service
+    for server in pipe["kafka"]["bootstrap_servers"].split(","):
+        assert f"PLAINTEXT://{server}" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+        assert server.split(":")[0] in services
+    # topic init creates exactly the config's topics and partition count
+    env = services["topic-init"]["environment"]
+    assert env["BOOTSTRAP"] == pipe["kafka"]["bootstrap_servers"]
+    assert int(env["REPORTS_PARTITIONS"]) == pipe["topics"]["partitions"]
+    assert (env["REPORTS_TOPIC"], env["STATE_TOPIC"], env["DEAD_LETTER_TOPIC"]) == (
+        pipe["topics"]["reports"], pipe["topics"]["state"], pipe["topics"]["dead_letter"])
+    script = services["topic-init"]["entrypoint"][-1]
+    mounts = dict(v.split(":")[1::-1] for v in services["topic-init"]["volumes"])
+    assert (DEPLOY / mounts[script]).is_file()
+    for deps in (services["worker"]["depends_on"], services["serve"]["depends_on"],
+                 services["producer"]["depends_on"]):
+        assert deps["topic-init"]["condition"] == "service_completed_successfully"
+
+
+def _container_path_exists(path: str, volumes: list[str]) -> bool:
+    """Whether a path inside an ldp-stream container exists: bind-mounted or COPY'd to /app."""
+    for vol in volumes:
+        src, dst = vol.split(":")[:2]
+        if path == dst or path.startswith(dst.rstrip("/") + "/"):
+            return (DEPLOY / src / Path(path).relative_to(dst)).exists()
+    if path.startswith(IMAGE_ROOT + "/"):
+        rel = Path(path).relative_to(IMAGE_ROOT)
+        copied = re.findall(r"^COPY\s+(\S+)\s+\./(\S+)$", (DEPLOY / "Dockerfile").read_text(), re.M)
+        return any(str(rel).startswith(dst) and (ROOT / src).exists() for src, dst in copied) and (
+            ROOT / rel).exists()
+    return False
+
+
+def test_compose_config_paths_exist_in_the_container():
+    compose = _compose()
+    for name, svc in _ldp_services(compose).items():
+        cfg = _flag_value([str(a) for a in svc["command"]], "--config")
+        assert cfg, f"{name} has no --config"
+        assert _container_path_exists(cfg, svc.get("volumes") or []), f"{name}: {cfg} missing"
+        assert Path(cfg).relative_to(IMAGE_ROOT) == CONFIG.relative_to(ROOT)
+
+
+def _compose_cli() -> list[str] | None:
+    for cmd in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        r = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=60)
+        if r.returncode == 0:
+            return cmd
+    return None
+
+
+def test_docker_compose_config_succeeds():
+    cmd = _compose_cli()
+    if cmd is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+    r = subprocess.run([*cmd, "-f", str(COMPOSE), "config"], capture_output=True, text=True,
+                       timeout=120, cwd=DEPLOY)
+    assert r.returncode == 0, r.stderr
+    resolved = yaml.safe_load(r.stdout)
+    assert set(resolved["services"]) == set(_compose()["services"])
+    # anchors/merge keys resolved: every ldp-stream service builds the same image
+    assert {s["image"] for s in _ldp_services(resolved).values()} == {"ldp-stream:0.1.0"}
+
+
+def test_dockerfile_builds_one_non_root_image_with_pip_install():
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
+    assert re.search(r"^RUN pip install \.", text, re.M)
+    user = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert user and user[-1].split(":")[0] not in ("root", "0")
+    assert re.search(r'^ENTRYPOINT \["ldp-stream"\]', text, re.M)
+    for src in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.M):
+        for s in src.split():
+            assert (ROOT / s).exists(), f"COPY {s}: not in the repository"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pkg in packages:
+        assert re.search(rf"^COPY {pkg.rstrip('*')} ", text, re.M), f"package {pkg} not copied"
+
+
+# ------------------------------------------------------------------------------- CLI flags used
+def test_container_commands_use_real_cli_options():
+    commands = _ldp_commands()
+    assert len(commands) >= 5, commands
+    available = _subcommands()
+    flags: dict[str, set[str]] = {}
+    for where, argv in commands:
+        sub = argv[0]
+        assert sub in available, f"{where}: `ldp-stream {sub}` does not exist (have {sorted(available)})"
+        if sub not in flags:
+            flags[sub] = _cli_flags(sub)
+        used = {a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")}
+        unknown = used - flags[sub]
+        assert not unknown, f"{where}: ldp-stream {sub} has no {sorted(unknown)}"
+    assert {"produce", "work", "serve"} <= {argv[0] for _, argv in commands}
+
+
+def test_serve_binds_loopback_unless_told_otherwise():
+    from aggregator.config import ServeSection
+
+    assert ServeSection().host == "127.0.0.1"
+    from aggregator.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--config", "x.toml"])
+    assert args.host in (None, "127.0.0.1")
+    args = build_parser().parse_args(["work", "--config", "x.toml"])
+    assert args.metrics_host == "127.0.0.1"
+    for where, argv in _ldp_commands():
+        if argv[0] == "serve":
+            assert _flag_value(argv, "--host") == "0.0.0.0", where
+
+
+# ---------------------------------------------------------------------------- Prometheus/Grafana
+def test_prometheus_targets_are_compose_services_and_ports():
+    (prom,) = _yaml_docs(PROM)
+    services = _compose()["services"]
+    pipe = _pipeline()
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    worker = jobs["ldp-worker"]
+    (sd,) = worker["dns_sd_configs"]
+    assert sd["names"] == ["worker"] and sd["type"] == "A"
+    worker_cmd = [str(a) for a in services["worker"]["command"]]
+    metrics_port = int(_flag_value(worker_cmd, "--metrics-port") or pipe["worker"]["metrics_port"])
+    assert sd["port"] == metrics_port == pipe["worker"]["metrics_port"]
+    assert str(metrics_port) in [str(p) for p in services["worker"]["expose"]]
+    assert _flag_value(worker_cmd, "--metrics-host") == "0.0.0.0"
+    (static,) = jobs["ldp-serve"]["static_configs"]
+    assert static["targets"] == [f"serve:{pipe['serve']['port']}"]
+    for rf in prom["rule_files"]:
+        assert (PROM.parent / rf).is_file()
+    mounts = [v.split(":")[:2] for v in services["prometheus"]["volumes"]]
+    container = {dst: src for src, dst in mounts}
+    assert container["/etc/prometheus/prometheus.yml"] == "./prometheus/prometheus.yml"
+    for rf in prom["rule_files"]:
+        assert f"/etc/prometheus/{rf}" in container
+
+
+def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
+    services = _compose()["services"]
+    (ds_doc,) = _yaml_docs(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+    (ds,) = ds_doc["datasources"]
+    host, port = re.match(r"http://([\w-]+):(\d+)$", ds["url"]).groups()
+    assert host in services and f"127.0.0.1:{port}:{port}" in services[host]["ports"]
+    (prov_doc,) = _yaml_docs(DEPLOY / "grafana" / "provisioning" / "dashboards" / "ldp-stream.yml")
+    (prov,) = prov_doc["providers"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["grafana"]["volumes"]}
+    assert (DEPLOY / mounts[prov["options"]["path"]] / DASHBOARD.name).is_file()
+    assert (DEPLOY / mounts["/etc/grafana/provisioning"]).is_dir()
+    dash = json.loads(DASHBOARD.read_text())
+    uids = set()
+
+    def walk(panels):
+        for p in panels:
+            for obj in [p, *p.get("targets", [])]:
+                if isinstance(obj.get("datasource"), dict):
+                    uids.add(obj["datasource"]["uid"])
+            walk(p.get("panels", []))
+
+    walk(dash["panels"])
+    assert uids == {ds["uid"]}
+    exprs = " ".join(_dashboard_exprs())
+    for needed in ("ldp_estimate", "ldp_estimate_ci_lower", "ldp_estimate_ci_upper",
+                   "rate(ldp_reports_processed_total", "ldp_consumer_lag_records",
+                   "ldp_records_dead_lettered_total", "ldp_checkpoint_duration_seconds"):
+        assert needed in exprs, needed
+    assert "by (partition)" in exprs and "by (reason)" in exprs
+
+
+def test_alert_rules_cover_the_required_conditions():
+    (doc,) = _yaml_docs(ALERTS)
+    rules = {r["alert"]: r for g in doc["groups"] for r in g["rules"]}
+    assert {"LdpConsumerLagGrowing", "LdpDeadLetters", "LdpNoCheckpoint", "LdpWorkerDown"} <= set(rules)
+    assert "ldp_consumer_lag_records" in rules["LdpConsumerLagGrowing"]["expr"]
+    assert "ldp_records_dead_lettered_total" in rules["LdpDeadLetters"]["expr"]
+    assert "ldp_checkpoints_total[5m]" in rules["LdpNoCheckpoint"]["expr"]
+    assert 'up{job="ldp-worker"}' in rules["LdpWorkerDown"]["expr"]
+
+
+def test_promtool_checks_config_and_alert_unit_tests():
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package `prometheus`)")
+    d = PROM.parent
+    for args in (["check", "config", "prometheus.yml"], ["check", "rules", "alerts.yml"],
+                 ["test", "rules", "alerts.test.yml"]):
+        r = subprocess.run(["promtool", *args], capture_output=True, text=True, cwd=d, timeout=120)
+        assert r.returncode == 0, f"promtool {' '.join(args)}:\n{r.stdout}\n{r.stderr}"
+
+
+# ------------------------------------------------------------------------- metric names are real
+@pytest.fixture(scope="module")
+def worker_exposition():
+    """Scrape a worker built from the deploy config exactly like ``ldp-stream work`` builds it."""
+    from aggregator.config import PipelineConfig
+    from aggregator.metrics import WORKER_METRIC_NAMES, WorkerMetrics, start_metrics_server
+    from aggregator.worker import worker_from_config
+
+    cfg = PipelineConfig.load(CONFIG)
+    metrics = WorkerMetrics()
+    worker = worker_from_config(cfg, metrics=metrics)  # constructing does not connect
+    assert worker.metrics is metrics
+    before, _ = exposition_families(metrics.exposition().decode())
+    # every declared family is registered at construction (nothing appears only once running)
+    assert set(WORKER_METRIC_NAMES) <= before
+    server, _ = start_metrics_server(metrics.registry, 0, host="127.0.0.1")
+    try:
+        return _get(f"http://127.0.0.1:{server.server_port}/metrics")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _encoded_records(schema, n_records: int, per_record: int, seed: int) -> list[bytes]:
+    from ingest.codec import encode
+    from ingest.privatizer import Privatizer
+
+    rng = np.random.default_rng(seed)
+    priv = Privatizer(schema, rng=rng)
+    out = []
+    for _ in range(n_records):
+        cols = {f.name: rng.uniform(f.low, f.high, per_record) for f in schema.numeric.fields}
+        for c in schema.categorical:
+            cats = np.asarray(list(c.categories), dtype=object)
+            cols[c.name] = cats[rng.integers(0, len(cats), per_record)]
+        out.append(encode(priv.privatize_batch(cols)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def serve_exposition():
+    """Scrape ``GET /metrics`` of serve's app (uvicorn on 127.0.0.1) holding real estimates."""
+    import uvicorn
+
+    from aggregator.config import PipelineConfig
+    from aggregator.serve import EstimateStore, build_app
+    from aggregator.worker import PartitionState, PipelineRuntime
+
+    cfg = PipelineConfig.load(CONFIG)
+    runtime = PipelineRuntime.from_config(cfg)
+    records = _encoded_records(runtime.schema, n_records=4, per_record=200, seed=20240)
+    st = PartitionState(0, len(records), runtime.new_states(), reports=200 * len(records))
+    for r in records:
+        b = runtime.decode(r)
+        x2 = runtime.double(b, r)
+        for s in st.states.values():
+            s.update(b, x2)
+    ck = st.to_checkpoint(runtime)
+    store = EstimateStore(runtime)
+    store.set_checkpoints({ck.key: ck.to_bytes()})
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(store), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        return _get(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def test_serve_exposes_estimate_gauges(serve_exposition):
+    names, _ = exposition_families(serve_exposition)
+    assert {"ldp_estimate", "ldp_estimate_ci_lower", "ldp_estimate_ci_upper"} <= names
+    sample = r'^ldp_estimate\{param="[^"]+",query="arr_delay_mean"\} [-+0-9.e]+$'
+    assert re.search(sample, serve_exposition, re.M)
+
+
+def test_dashboard_and_alert_metric_names_are_registered(worker_exposition, serve_exposition):
+    w_names, w_hist = exposition_families(worker_exposition)
+    s_names, s_hist = exposition_families(serve_exposition)
+    registered, histograms = w_names | s_names, w_hist | s_hist
+    builtin = {"up"}  # added by Prometheus to every target
+    used: dict[str, set[str]] = {}
+    for source, exprs in (("dashboard", _dashboard_exprs()), ("alerts", _alert_exprs())):
+        for expr in exprs:
+            for name in promql_metric_names(expr):
+                used.setdefault(family_name(name, histograms), set()).add(source)
+    assert len(used) >= 8, used
+    unknown = {n: src for n, src in used.items() if n not in registered and n not in builtin}
+    assert not unknown, f"metric names not exposed by worker or serve: {unknown}"
+    # the worker-side names really come from the worker, the estimates from serve
+    assert "ldp_reports_processed_total" in w_names and "ldp_estimate" in s_names
+
+
+# ---------------------------------------------------------------------------------- Kubernetes
+def test_k8s_objects_are_complete_and_consistent():
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in _k8s_objects()}
+    assert {("Deployment", "ldp-worker"), ("Deployment", "ldp-serve"), ("Service", "ldp-serve"),
+            ("ConfigMap", "ldp-flights-pipeline"), ("ScaledObject", "ldp-worker")} <= kinds
+    (kust,) = _yaml_docs(K8S / "kustomization.yaml")
+    manifests = [p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"]
+    assert sorted(kust["resources"]) == sorted(manifests)
+    cm = _k8s("ConfigMap", "ldp-flights-pipeline")
+    assert cm["data"]["flights.schema.toml"] == (ROOT / "examples" / "flights.schema.toml").read_text()
+    pipe = tomllib.loads(cm["data"]["flights.pipeline.toml"])
+    assert pipe["queries"] == _pipeline()["queries"]
+    assert pipe["pipeline"]["schema"] in cm["data"]
+    for dep in ("ldp-worker", "ldp-serve"):
+        spec = _k8s("Deployment", dep)["spec"]
+        assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+        pod = spec["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        (c,) = pod["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        vols = {v["name"]: v for v in pod["volumes"]}
+        cfg = _flag_value(c["args"], "--config")
+        (vol,) = [n for n, p in mounts.items() if cfg.startswith(p + "/")]
+        assert vols[vol]["configMap"]["name"] == "ldp-flights-pipeline"
+        assert Path(cfg).name in cm["data"]
+        ports = {p["containerPort"] for p in c["ports"]}
+        if dep == "ldp-worker":
+            assert int(_flag_value(c["args"], "--metrics-port")) in ports
+            assert pipe["worker"]["metrics_port"] in ports
+        else:
+            assert int(_flag_value(c["args"], "--port")) in ports
+    svc = _k8s("Service", "ldp-serve")
+    serve_spec = _k8s("Deployment", "ldp-serve")["spec"]
+    assert svc["spec"]["selector"].items() <= serve_spec["template"]["metadata"]["labels"].items()
+    port_names = {p["name"] for p in serve_spec["template"]["spec"]["containers"][0]["ports"]}
+    assert all(p["targetPort"] in port_names for p in svc["spec"]["ports"])
+
+
+def test_keda_max_replicas_never_exceed_partitions():
+    cm = _k8s("ConfigMap", "ldp-flights-pipeline")
+    pipe = tomllib.loads(cm["data"]["flights.pipeline.toml"])
+    so = _k8s("ScaledObject", "ldp-worker")
+    spec = so["spec"]
+    assert spec["scaleTargetRef"]["name"] == "ldp-worker"
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= pipe["topics"]["partitions"]
+    assert _k8s("Deployment", "ldp-worker")["spec"]["replicas"] <= pipe["topics"]["partitions"]
+    (trig,) = spec["triggers"]
+    assert trig["type"] == "kafka"
+    md = trig["metadata"]
+    assert md["topic"] == pipe["topics"]["reports"]
+    assert md["consumerGroup"] == pipe["worker"]["group_id"]
+    assert md["bootstrapServers"] == pipe["kafka"]["bootstrap_servers"]
+    assert md["allowIdleConsumers"] == "false"
+    assert "partition" in (K8S / "keda.yaml").read_text().split("apiVersion")[0]  # the comment says why
+    # compose: the default worker count also stays within the partitions
+    assert _compose()["services"]["worker"]["deploy"]["replicas"] <= _pipeline()["topics"]["partitions"]
+
+
+# ------------------------------------------------------------------------------ Kafka security
+_SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
+                  "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname")
+
+
+def _secure_variants():
+    from aggregator.config import PipelineConfig
+
+    base = tomllib.loads((DEPLOY / "config" / "secure.pipeline.toml").read_text())
+    mtls = dict(base)
+    mtls["kafka"] = {
+        "bootstrap_servers": base["kafka"]["bootstrap_servers"], "security_protocol": "SSL",
+        "ssl_cafile": "/etc/ldp-stream/tls/ca.crt", "ssl_certfile": "/etc/ldp-stream/tls/client.crt",
+        "ssl_keyfile": "/etc/ldp-stream/tls/client.key", "ssl_password": "key-pass",
+    }
+    out = {}
+    for name, data in (("sasl_ssl", base), ("mtls", mtls)):
+        out[name] = PipelineConfig.from_dict(data, base_dir=DEPLOY / "config")
+    return out
+
+
+@pytest.mark.parametrize("variant", ["sasl_ssl", "mtls"])
+def test_kafka_security_reaches_every_worker_and_serve_client(variant, monkeypatch):
+    """The ``[kafka]`` TLS/SASL settings reach the worker's consumer, checkpoint producer and
+    state reader, and serve's state reader (clients recorded instead of connecting)."""
+    import kafka
+
+    from aggregator.worker import client_config, worker_from_config
+
+    cfg = _secure_variants()[variant]
+    want = {k: v for k, v in cfg.kafka.consumer_config().items() if k in _SECURITY_KEYS}
+    assert want["security_protocol"] == cfg.kafka.security_protocol
+    made: list[tuple[str, dict]] = []
+
+    class Recorder:
+        def __init__(self, *args, **kwargs):
+            made.append((type(self).__name__, kwargs))
+
+        def subscribe(self, *a, **k):
+            pass
+
+    class KafkaConsumer(Recorder):
+        pass
+
+    class KafkaProducer(Recorder):
+        pass
+
+    monkeypatch.setattr(kafka, "KafkaConsumer", KafkaConsumer)
+    monkeypatch.setattr(kafka, "KafkaProducer", KafkaProducer)
+    worker = worker_from_config(cfg)
+    worker._open()
+    assert sorted(kind for kind, _ in made) == ["KafkaConsumer", "KafkaConsumer", "KafkaProducer"]
+    # serve builds its state-topic reader from client_config (aggregator/cli/serve.py)
+    made.append(("serve", client_config(cfg)))
+    for kind, kwargs in made:
+        got = {k: kwargs.get(k) for k in want}
+        assert got == want, f"{variant}: {kind} is missing security settings"
