@@ -212,15 +212,24 @@ def read_checkpoints(bootstrap: str, state_topic: str, pipeline: str | None = No
 def worker_cmd(config: Path, *args: str) -> list[str]:
     """argv of an ``ldp-stream work`` subprocess."""
     boot = "import sys; from aggregator.cli import main; sys.exit(main(sys.argv[1:]))"
-    return [sys.executable, "-c", boot, "work", "--config", str(config), *args]
+    return [sys.executable, "-c", boot, "-v", "work", "--config", str(config), *args]
 
 
 def start_worker(config: Path, *args: str, log_path: Path | None = None) -> subprocess.Popen:
     """Start a worker process (its own session so it can be signalled alone)."""
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(worker_cmd(config, *args), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+    if log_path is None:
+        return subprocess.Popen(worker_cmd(config, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(worker_cmd(config, *args), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+
+
+def has_family(text: str, name: str) -> bool:
+    """Whether a Prometheus exposition declares the family ``name`` (with or without ``_total``)."""
+    base = name.removesuffix("_total")
+    return any(line.startswith((f"# TYPE {name} ", f"# TYPE {base} ")) for line in text.splitlines())
 
 
 def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL, timeout: float = 20.0) -> int | None:
