@@ -74,13 +74,14 @@ class SGDOptions(_Frozen):
     ----------
     step0 : float or None
         γ₀ > 0, in standardized coordinates (covariates scaled to [0, 1] by the schema bounds);
-        ``None`` picks a per-kind default (logistic 5.0, quantile regression 1.0, custom 0.5).
+        ``None`` picks a per-kind default (logistic 10, quantile regression 2, custom 0.5).
     step_power : float
         a ∈ (0.5, 1); 0.505–0.6 recommended.
     batch_size : int
         Reports per SGD step, 1 … 65536.
     burn_in : int
-        Number of initial SGD steps excluded from the average (≥ 0).
+        Number of initial SGD steps excluded from the average (≥ 0; default 100): the
+        transient from θ = 0 otherwise biases the Polyak–Ruppert average.
 
     Raises
     ------
@@ -90,8 +91,8 @@ class SGDOptions(_Frozen):
 
     step0: float | None = Field(default=None, gt=0, le=1e3)
     step_power: float = Field(default=0.55, gt=0.5, lt=1.0)
-    batch_size: int = Field(default=32, ge=1, le=65536)
-    burn_in: int = Field(default=0, ge=0)
+    batch_size: int = Field(default=64, ge=1, le=65536)
+    burn_in: int = Field(default=100, ge=0)
 
 
 class _QueryBase(_Frozen):

@@ -16,8 +16,9 @@ inference with stochastic gradient descent via random scaling", AAAI):
   that ``value ± z·stderr`` is the same interval.
 
 Coordinates: for regression queries the fields are standardized by the schema bounds,
-``u = (x − low)/(high − low)`` (scale only, no shift, without an intercept) for stable step sizes;
-the SL noise variance there is ``λ²`` per column. Estimates are mapped back to original units
+``u = (x − mid)/(range/2) ∈ [−1, 1]`` (``mid`` = centre of the box; scale only, no shift, without
+an intercept) for stable, well-conditioned steps; the SL noise variance there is ``(2λ)²``.
+Estimates are mapped back to original units
 (``β = M θ + a``, covariance ``M V̂ Mᵀ``). Custom losses run in original units with
 ``σ_j² = (λ·range_j)²``.
 
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 #: γ₀ by query kind when ``sgd.step0`` is not given (standardized coordinates; logistic losses
 #: have small curvature there, p(1−p)·E u² ≈ 0.05, so they need a larger step).
-DEFAULT_STEP0 = {"logistic_regression": 5.0, "quantile_regression": 1.0, "custom": 0.5}
+DEFAULT_STEP0 = {"logistic_regression": 10.0, "quantile_regression": 2.0, "custom": 0.5}
 
 #: Two-sided critical values of the random-scaling t-ratio by confidence level: 0.95 from
 #: Lee et al. (2022) / Abadir & Paruolo (1997); the others from 2·10⁵ simulated Brownian paths
@@ -148,10 +149,11 @@ class SGDState(State):
                                 "label" if q.kind == "logistic_regression" else "response"),
             ])
             k = len(q.covariates)
-            rng_ = zil.ranges[self.cols]
-            self.scale = rng_.astype(np.float64)
-            self.shift = zil.low[self.cols].astype(np.float64) if q.intercept else np.zeros(k + 1)
-            noise_var = np.full(k + 1, zil.scale ** 2)
+            # centre on the box midpoint and scale to [-1, 1]: a well-conditioned design
+            self.scale = zil.ranges[self.cols].astype(np.float64) / 2.0
+            mid = (zil.low[self.cols] + zil.high[self.cols]) / 2.0
+            self.shift = mid.astype(np.float64) if q.intercept else np.zeros(k + 1)
+            noise_var = np.full(k + 1, (2.0 * zil.scale) ** 2)
             common = dict(intercept=q.intercept, covariates=tuple(range(k)))
             if q.kind == "logistic_regression":
                 if q.threshold is not None:

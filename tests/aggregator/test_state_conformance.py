@@ -15,6 +15,7 @@ from aggregator.state import STATE_CLASSES, EmptyStateError, Estimate, State, bu
 from aggregator.state.base import FORMAT_MAGIC
 from tests.aggregator._state_support import make_batch, make_schema, split
 
+_SGD = {"burn_in": 5}
 QUERIES = [
     {"kind": "frequency", "name": "f_urr", "field": "c"},
     {"kind": "frequency", "name": "f_urap_em", "field": "d", "method": "em"},
@@ -29,10 +30,13 @@ QUERIES = [
     {"kind": "linear_regression", "name": "lr", "response": "b", "covariates": ["a"]},
     {"kind": "linear_regression", "name": "lr0", "response": "b", "covariates": ["a", "y"],
      "intercept": False},
-    {"kind": "logistic_regression", "name": "lg_thr", "covariates": ["a"], "label": "b", "threshold": -1.5},
-    {"kind": "logistic_regression", "name": "lg_sdr", "covariates": ["a"], "label": "y", "estimator": "sdr"},
-    {"kind": "quantile_regression", "name": "qr", "response": "b", "covariates": ["a"], "tau": 0.5},
-    {"kind": "custom", "name": "cu", "loss": "mechanisms.losses:relu_loss", "fields": ["b"]},
+    {"kind": "logistic_regression", "name": "lg_thr", "covariates": ["a"], "label": "b", "threshold": -1.5,
+     "sgd": _SGD},
+    {"kind": "logistic_regression", "name": "lg_sdr", "covariates": ["a"], "label": "y", "estimator": "sdr",
+     "sgd": _SGD},
+    {"kind": "quantile_regression", "name": "qr", "response": "b", "covariates": ["a"], "tau": 0.5,
+     "sgd": _SGD},
+    {"kind": "custom", "name": "cu", "loss": "mechanisms.losses:relu_loss", "fields": ["b"], "sgd": _SGD},
 ]
 EXACT_KINDS = {"frequency", "mean", "variance", "quantiles", "linear_regression"}
 IDS = [q["name"] for q in QUERIES]
