@@ -1,0 +1,83 @@
+"""End-to-end: ``ldp-stream demo --limit 20000`` against the embedded broker (issue: main job)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of our polls is fine
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    proc = subprocess.run(
+        [sys.executable, "-m", "aggregator.cli", "demo", "--limit", "20000", "--no-live",
+         "--output", str(out)],
+        capture_output=True, text=True, timeout=420,
+    )
+    return out, proc
+
+
+def test_demo_exits_zero_and_writes_outputs(demo_run):
+    out, proc = demo_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("report.json", "report.md", "estimates_over_reports.png", "frequencies.png",
+                 "tradeoff.png", "pipeline.toml"):
+        assert (out / name).is_file(), name
+        assert (out / name).stat().st_size > 0, name
+
+
+def test_report_has_every_query_with_ci_truth_and_n(demo_run):
+    out, _ = demo_run
+    report = json.loads((out / "report.json").read_text())
+    cfg = tomllib.loads((out / "pipeline.toml").read_text())
+    queries = {q["name"] for q in cfg["queries"]}
+    assert {r["query"] for r in report["estimates"]} == queries
+    sent = report["run"]["reports_sent"]
+    assert report["run"]["flights_read"] == 20000
+    assert 19000 < sent <= 20000  # cancelled flights (no arr_delay) are skipped
+    assert report["run"]["reports_processed"] == sent
+    assert report["run"]["dead_lettered"] == 0
+    for r in report["estimates"]:
+        assert r["n"] == sent, r
+        assert r["ci_low"] is not None and r["ci_high"] is not None, r
+        assert r["ci_low"] <= r["estimate"] <= r["ci_high"], r
+        assert r["truth"] is not None, r
+    assert report["privacy"], "privacy summary missing"
+    assert report["summary"]["with_truth"] == len(report["estimates"])
+
+
+def test_moment_and_quantile_estimates_near_truth(demo_run):
+    """Mean, variance and DR quantiles are within 5 standard errors of the non-private truth."""
+    out, _ = demo_run
+    report = json.loads((out / "report.json").read_text())
+    rows = [r for r in report["estimates"] if r["kind"] in ("mean", "variance", "quantiles")]
+    assert len(rows) >= 4
+    for r in rows:
+        assert abs(r["estimate"] - r["truth"]) < 5 * r["stderr"], r
+
+
+def test_every_started_process_is_gone(demo_run):
+    out, _ = demo_run
+    cfg = tomllib.loads((out / "pipeline.toml").read_text())
+    port = int(cfg["kafka"]["bootstrap_servers"].rsplit(":", 1)[1])
+    assert _port_free(port), "the embedded broker still listens"
+    assert _port_free(int(cfg["serve"]["port"])), "serve still listens"
+    left = subprocess.run(["pgrep", "-f", str(out / "pipeline.toml")], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"stray processes: {left.stdout}"
