@@ -834,7 +834,11 @@ def ensure_topics(config) -> None:
     if ensure_topic is not None:
         settings = config.kafka
         ensure_topic(settings, topics.reports, topics.partitions)
-        ensure_topic(settings, topics.state, 1)
+        try:  # one checkpoint per key is all a reader needs: let the broker compact the state topic
+            ensure_topic(settings, topics.state, 1, {"cleanup.policy": "compact"})
+        except Exception as exc:
+            log.info("state topic with cleanup.policy=compact refused (%s); creating it plain", exc)
+            ensure_topic(settings, topics.state, 1)
         ensure_topic(settings, topics.dead_letter, 1)
         return
     from kafka import KafkaAdminClient

@@ -129,14 +129,14 @@ def make_records(schema, n_records: int, per_record: int, seed: int) -> list[byt
     rng = np.random.default_rng(seed)
     priv = Privatizer(schema, rng=rng)
     cats = {c.name: list(c.categories) for c in schema.categorical}
+    zil = schema.zil_mechanism() if schema.numeric_names else None
     out = []
     for _ in range(n_records):
         m = per_record
-        cols = {
-            "arr_delay": rng.normal(5, 40, m), "dep_delay": rng.normal(10, 35, m),
-            "distance": rng.uniform(100, 2500, m), "air_time": rng.uniform(30, 400, m),
-            "hour": rng.integers(5, 23, m).astype(float),
-        }
+        cols = {}
+        for j, name in enumerate(schema.numeric_names):
+            lo, hi = zil.low[j], zil.high[j]
+            cols[name] = lo + (hi - lo) * rng.beta(2.0, 5.0, m)
         for name, values in cats.items():
             cols[name] = np.asarray(values, dtype=object)[rng.integers(0, len(values), m)]
         out.append(encode(priv.privatize_batch(cols)))
