@@ -1,0 +1,273 @@
+"""Batch re-analysis of the stored reports (DESIGN §2 "M-estimate", §5).
+
+Reports are already private, so the reports topic can be replayed and re-analysed any number of
+times, with any loss, at no further privacy cost. :func:`replay` reads the reports topic from the
+beginning up to its end (the fetch high watermark — Tansu's ``end_offsets`` can be too small,
+DESIGN §6), decodes every record and draws ``X̃₂`` with the same per-record seed as the worker
+(:func:`aggregator.state.doubling_rng`), so batch and streaming see identical ``(X̃₁, X̃₂)``.
+:func:`analyze_query` and :func:`analyze_loss` then run the exact batch fits of
+:mod:`mechanisms.estimation` (closed forms or scipy, plug-in sandwich CI).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aggregator.errors import AggregatorError, ConfigError
+from ingest.batch import ReportBatch
+from ingest.errors import DecodeError
+
+__all__ = ["Replay", "analyze_loss", "analyze_query", "replay", "replay_records"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Replay:
+    """All decodable reports of the reports topic.
+
+    Attributes
+    ----------
+    batch : ReportBatch or None
+        Every report, partitions in ascending order, offsets ascending (``None`` if empty).
+    x2 : ndarray (n, d)
+        Doubled numeric block, drawn per record with the worker's seed.
+    records : int
+        Records decoded.
+    skipped : dict str → int
+        Undecodable records by reason (they are in the dead-letter topic too).
+    """
+
+    batch: ReportBatch | None
+    x2: np.ndarray
+    records: int = 0
+    skipped: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        """Number of reports."""
+        return 0 if self.batch is None else self.batch.n
+
+
+def replay_records(runtime, values: Sequence[bytes]) -> Replay:
+    """Decode record values and draw ``X̃₂`` per record (no Kafka).
+
+    Parameters
+    ----------
+    runtime : aggregator.worker.PipelineRuntime
+    values : sequence of bytes
+        Record values in the order to concatenate.
+
+    Returns
+    -------
+    Replay
+    """
+    from aggregator.worker import concat_batches
+
+    batches, x2s, skipped = [], [], {}
+    for v in values:
+        try:
+            b = runtime.decode(v)
+        except DecodeError as exc:
+            skipped[exc.reason] = skipped.get(exc.reason, 0) + 1
+            continue
+        if b.fingerprint != runtime.fingerprint or b.n == 0:
+            continue
+        batches.append(b)
+        x2s.append(runtime.double(b, v))
+    if not batches:
+        return Replay(None, np.empty((0, 0)), 0, skipped)
+    return Replay(concat_batches(batches), np.concatenate(x2s, axis=0), len(batches), skipped)
+
+
+def replay(runtime, client_config: dict, topic: str, timeout_s: float = 120.0) -> Replay:
+    """Read ``topic`` from the beginning to its current end and decode every record.
+
+    Parameters
+    ----------
+    runtime : aggregator.worker.PipelineRuntime
+    client_config : dict
+        kafka-python connection settings (``bootstrap_servers``, security).
+    topic : str
+        The reports topic.
+    timeout_s : float
+        Give up after this many seconds (> 0).
+
+    Raises
+    ------
+    AggregatorError
+        If the topic does not exist or its end is not reached in time.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    if not timeout_s > 0:
+        raise ConfigError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    consumer = KafkaConsumer(**client_config, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest")
+    try:
+        deadline = time.monotonic() + timeout_s
+        parts = consumer.partitions_for_topic(topic)
+        while not parts and time.monotonic() < deadline:
+            time.sleep(0.1)
+            parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            raise AggregatorError(f"reports topic {topic!r} does not exist")
+        tps = sorted(TopicPartition(topic, p) for p in parts)
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek_to_beginning(tp)
+        floor = consumer.end_offsets(tps)  # a lower bound on Tansu (DESIGN §6)
+        values: dict[int, list[bytes]] = {tp.partition: [] for tp in tps}
+        seen: set = set()
+        while True:
+            for tp, recs in consumer.poll(timeout_ms=200).items():
+                values[tp.partition].extend(r.value for r in recs if r.value is not None)
+            done = True
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    seen.add(tp)
+                if tp not in seen or consumer.position(tp) < max(int(floor.get(tp) or 0), int(hw or 0)):
+                    done = False
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise AggregatorError(f"could not read {topic!r} to its end in {timeout_s:g} s")
+    finally:
+        consumer.close()
+    ordered = [v for p in sorted(values) for v in values[p]]
+    return replay_records(runtime, ordered)
+
+
+def _columns(runtime, names: Sequence[str], what: str) -> np.ndarray:
+    numeric = list(runtime.schema.numeric_names)
+    idx = []
+    for name in names:
+        if name not in numeric:
+            raise ConfigError(f"{what}: {name!r} is not a numeric field of the schema (have {numeric})")
+        idx.append(numeric.index(name))
+    return np.asarray(idx, dtype=int)
+
+
+def _result(name: str, method: str, params, est, level: float) -> dict:
+    lo, hi = est.ci(level)
+    return {"query": name, "estimator": method, "n": int(est.n), "level": level, "params": list(params),
+            "value": est.theta.tolist(), "stderr": est.stderr.tolist(), "ci_low": lo.tolist(),
+            "ci_high": hi.tolist(), "converged": bool(est.converged), "source": "batch m_estimate"}
+
+
+def analyze_loss(rep: Replay, runtime, loss, fields: Sequence[str], *, method: str = "dr",
+                 name: str = "custom", params: Sequence[str] | None = None, level: float = 0.95) -> dict:
+    """Batch M-estimate of an arbitrary loss over the replayed reports.
+
+    Parameters
+    ----------
+    rep : Replay
+    runtime : aggregator.worker.PipelineRuntime
+    loss : mechanisms.losses.Loss
+        Record columns are ``fields`` in the given order.
+    fields : sequence of str
+        Numeric fields of the schema (all ZIL-noised).
+    method : {"dr", "sdr", "sl", "naive"}
+    name : str
+        Label of the result.
+    params : sequence of str or None
+        Names of the parameters (default ``theta0, theta1, …``).
+    level : float
+        Confidence level in (0, 1).
+
+    Returns
+    -------
+    dict
+        ``query, estimator, n, level, params, value, stderr, ci_low, ci_high, converged``.
+
+    Raises
+    ------
+    ConfigError
+        Unknown field or no reports.
+    mechanisms.errors.ParameterError
+        From :func:`mechanisms.estimation.m_estimate` (e.g. SL/SDR on a non-smooth loss).
+    """
+    from mechanisms.estimation import m_estimate
+
+    if rep.n == 0:
+        raise ConfigError("no reports to analyse in the reports topic")
+    idx = _columns(runtime, fields, "fields")
+    zil = runtime.schema.zil_mechanism()
+    est = m_estimate(loss, rep.batch.numeric[:, idx], rep.x2[:, idx], zero_prob=zil.zero_prob,
+                     scale=zil.coord_scale[idx], method=method, level=level)
+    names = list(params) if params else [f"theta{i}" for i in range(est.theta.size)]
+    if len(names) != est.theta.size:
+        raise ConfigError(f"params: {len(names)} names for {est.theta.size} parameters")
+    return _result(name, method, names, est, level)
+
+
+def analyze_query(rep: Replay, runtime, query) -> dict:
+    """Batch re-analysis of one configured query over the replayed reports.
+
+    ``mean`` (squared loss), ``linear_regression``, ``quantile_regression`` and ``custom`` run
+    :func:`mechanisms.estimation.m_estimate` with the query's estimator; ``variance`` and
+    ``quantiles`` use :func:`mechanisms.estimation.variance_estimate` /
+    :func:`mechanisms.estimation.dr_quantile`; ``frequency`` and ``logistic_regression`` fold the
+    replayed batch into the query's state (its estimator is already the batch one for counts).
+
+    Returns
+    -------
+    dict
+        As :func:`analyze_loss`, with ``source`` naming the method used.
+
+    Raises
+    ------
+    ConfigError
+        If there are no reports.
+    """
+    from aggregator.config import load_custom_loss
+    from mechanisms import losses
+    from mechanisms.estimation import dr_quantile, variance_estimate
+
+    if rep.n == 0:
+        raise ConfigError("no reports to analyse in the reports topic")
+    kind, name, level = query.kind, query.name, float(query.level)
+    if kind == "mean":
+        return analyze_loss(rep, runtime, losses.SquaredLoss(1, noised=(0,)), [query.field],
+                            method=query.estimator, name=name, params=["mean"], level=level)
+    if kind == "linear_regression":
+        cols = [*query.covariates, query.response]
+        loss = losses.LinearRegressionLoss(intercept=query.intercept, noised=tuple(range(len(cols))))
+        params = (["intercept"] if query.intercept else []) + list(query.covariates)
+        return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
+                            level=level)
+    if kind == "quantile_regression":
+        cols = [*query.covariates, query.response]
+        loss = losses.QuantileRegressionLoss(tau=query.tau, intercept=query.intercept,
+                                             noised=tuple(range(len(cols))))
+        params = (["intercept"] if query.intercept else []) + list(query.covariates)
+        return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
+                            level=level)
+    if kind == "custom":
+        loss = load_custom_loss(query.loss, key=f"queries.{name}.loss")
+        return analyze_loss(rep, runtime, loss, list(query.fields), method=query.estimator, name=name,
+                            params=query.params, level=level)
+    zil = runtime.schema.zil_mechanism() if runtime.schema.numeric_names else None
+    if kind == "variance":
+        j = _columns(runtime, [query.field], "field")
+        est = variance_estimate(rep.batch.numeric[:, j[0]], zero_prob=zil.zero_prob,
+                                scale=zil.coord_scale[j[0]], level=level)
+        return _result(name, "sdr", ["variance"], est, level)
+    if kind == "quantiles":
+        j = _columns(runtime, [query.field], "field")
+        est = dr_quantile(rep.batch.numeric[:, j[0]], rep.x2[:, j[0]], np.asarray(query.q), zil.zero_prob,
+                          level=level)
+        return _result(name, "dr", [f"q{q:g}" for q in query.q], est, level)
+    from aggregator.state import build_state
+
+    st = build_state(query, runtime.schema)
+    st.update(rep.batch, rep.x2)
+    out = st.estimate().to_dict()
+    out["source"] = "state over the replayed batch"
+    return out
