@@ -124,7 +124,9 @@ class CorrectedLoss:
         return f"CorrectedLoss({self.loss!r}, method={self.method!r}, zero_prob={self.zero_prob})"
 
 
-def corrected_loss(loss: Loss, method: str, zero_prob: float | None = None, noise_var=None) -> CorrectedLoss:
+def corrected_loss(
+    loss: Loss, method: str, zero_prob: float | None = None, noise_var=None, *, force: bool = False
+) -> CorrectedLoss:
     """Build the corrected loss of ``loss`` for ``method`` (DESIGN §2; paper §4, §6).
 
     Parameters
@@ -136,6 +138,10 @@ def corrected_loss(loss: Loss, method: str, zero_prob: float | None = None, nois
     noise_var : float or array of shape (len(loss.noised),), optional
         SL covariance diagonal ``σ_j² = (λ·range_j)²`` per noised column, units of x²; each ≥ 0.
         Required for "sdr" and "sl".
+    force : bool
+        Apply SL/SDR to a loss with ``smooth=False`` using its almost-everywhere derivatives
+        (e.g. the paper §7.1 SL baseline on ReLU/indicator/|sin| transforms). Biased; for
+        comparisons only.
 
     Returns
     -------
@@ -161,7 +167,7 @@ def corrected_loss(loss: Loss, method: str, zero_prob: float | None = None, nois
         d = check_open_unit("zero_prob", zero_prob)
     var = None
     if method in _NEED_VAR:
-        if not loss.smooth:
+        if not loss.smooth and not force:
             raise ParameterError(
                 f"method={method!r} needs a loss twice differentiable in its noised columns; "
                 f"{loss.name} is not smooth — DR is required (method='dr')"

@@ -463,7 +463,7 @@ class TransformSquaredLoss(Loss):
         return (2.0 * (theta[0] - self.transform(x)))[:, None]
 
     def laplacian_x(self, x, theta, weights):
-        if not self.smooth:
+        if self.dg is None or self.d2g is None:
             super().laplacian_x(x, theta, weights)
         w = self.weights_array(weights)
         g1 = self._deriv(self.dg, x)
@@ -472,7 +472,7 @@ class TransformSquaredLoss(Loss):
         return (2.0 * (g1 * g1 - resid * g2)) @ w
 
     def grad_laplacian_x(self, x, theta, weights):
-        if not self.smooth:
+        if self.dg is None or self.d2g is None:
             super().grad_laplacian_x(x, theta, weights)
         w = self.weights_array(weights)
         return (-2.0 * self._deriv(self.d2g, x) @ w)[:, None]
@@ -506,12 +506,31 @@ def abs_sin_2pi(x) -> np.ndarray:
     return np.abs(np.sin(2.0 * np.pi * a.reshape(a.shape[0], -1)[:, 0]))
 
 
-#: ``(θ − ReLU(x))²`` — paper §7.1 ℓ₁; θ₀ = 0.5 for X ~ U(0, 1). Not smooth in x (DR only).
-relu_loss = TransformSquaredLoss(relu, name="relu")
-#: ``(θ − 1{x ∈ [0.5, 1]})²`` — paper §7.1 ℓ₂; θ₀ = 0.5 for X ~ U(0, 1). DR only.
-indicator_half_one_loss = TransformSquaredLoss(indicator_half_one, name="indicator_half_one")
-#: ``(θ − |sin 2πx|)²`` — paper §7.1 ℓ₃; θ₀ = 2/π for X ~ U(0, 1). DR only.
-abs_sin_2pi_loss = TransformSquaredLoss(abs_sin_2pi, name="abs_sin_2pi")
+def _first_col(x) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    return a.reshape(a.shape[0], -1)[:, 0]
+
+
+#: ``(θ − ReLU(x))²`` — paper §7.1 ℓ₁; θ₀ = 0.5 for X ~ U(0, 1). Not smooth in x (DR only);
+#: carries the a.e. derivatives ``g′ = 1{x > 0}``, ``g″ = 0`` for the SL baseline.
+relu_loss = TransformSquaredLoss(
+    relu, lambda x: (_first_col(x) > 0).astype(np.float64), lambda x: np.zeros(len(x)),
+    smooth=False, name="relu",
+)
+#: ``(θ − 1{x ∈ [0.5, 1]})²`` — paper §7.1 ℓ₂; θ₀ = 0.5 for X ~ U(0, 1). DR only;
+#: a.e. derivatives ``g′ = g″ = 0``.
+indicator_half_one_loss = TransformSquaredLoss(
+    indicator_half_one, lambda x: np.zeros(len(x)), lambda x: np.zeros(len(x)),
+    smooth=False, name="indicator_half_one",
+)
+#: ``(θ − |sin 2πx|)²`` — paper §7.1 ℓ₃; θ₀ = 2/π for X ~ U(0, 1). DR only;
+#: a.e. derivatives ``g′ = 2π cos(2πx) sign(sin 2πx)``, ``g″ = −4π² |sin 2πx|``.
+abs_sin_2pi_loss = TransformSquaredLoss(
+    abs_sin_2pi,
+    lambda x: 2 * np.pi * np.cos(2 * np.pi * _first_col(x)) * np.sign(np.sin(2 * np.pi * _first_col(x))),
+    lambda x: -4 * np.pi**2 * abs_sin_2pi(x),
+    smooth=False, name="abs_sin_2pi",
+)
 
 
 # ---------------------------------------------------------------------------------------------
