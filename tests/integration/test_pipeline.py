@@ -3,6 +3,7 @@ in-process pass over the same records with the same doubling seeds (DESIGN §5).
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import numpy as np
@@ -78,3 +79,57 @@ def test_two_workers_then_serve_equal_single_pass(tmp_path, bootstrap_servers, t
         ew = want[name].estimate()
         np.testing.assert_allclose(est["value"], ew.value, rtol=1e-9, atol=1e-12)
         assert all(lo <= v <= hi for lo, v, hi in zip(est["ci_low"], est["value"], est["ci_high"]))
+
+
+def test_serve_cli_over_http(tmp_path, bootstrap_servers, topic_name):
+    import subprocess
+    import sys
+    import time
+
+    from ingest.broker import free_port
+
+    cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
+    cfg = PipelineConfig.load(cfg_path)
+    ps.create_topics(bootstrap_servers, cfg)
+    runtime = PipelineRuntime.from_config(cfg)
+    records = ps.make_records(cfg.telemetry_schema, n_records=20, per_record=30, seed=12)
+    where = ps.produce(bootstrap_servers, cfg.topics.reports, records, 2)
+    by_part: dict[int, list[bytes]] = {}
+    for rec, (p, _) in zip(records, where):
+        by_part.setdefault(p, []).append(rec)
+    worker = worker_from_config(cfg, metrics=WorkerMetrics())
+    worker.run(exit_when_idle=1.0)
+    want = ps.reference_pass(runtime, by_part, coalesce=True)
+
+    port = free_port()
+    boot = "import sys; from aggregator.cli import main; sys.exit(main(sys.argv[1:]))"
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", boot, "serve", "--config", str(cfg_path), "--port",
+                                 str(port)], cwd=ps.ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        body: dict = {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                status, body = ps.get_json(port, "/estimates")
+                if status == 200 and body["reports"] == 600:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert body.get("reports") == 600 and body["partitions"] == [0, 1]
+        for name, st in want.items():
+            est = body["estimates"][name]
+            assert est["n"] == st.n
+            np.testing.assert_allclose(est["value"], st.estimate().value, rtol=1e-9, atol=1e-12)
+            assert len(est["ci_low"]) == len(est["ci_high"]) == len(est["params"])
+        assert ps.get_json(port, "/estimates", method="POST")[0] == 405
+        status, priv = ps.get_json(port, "/privacy")
+        assert status == 200 and priv["numeric"]["zero_prob"] == pytest.approx(0.2)
+        text = ps.scrape(port)
+        assert ps.metric_value(text, "ldp_estimate_reports", 'query="arr_delay_mean"') == 600
+        assert ps.has_family(text, "ldp_estimate_ci_upper")
+    finally:
+        ps.kill(proc, signal.SIGTERM)
