@@ -284,7 +284,7 @@ class ReportProducer:
             if attempt:
                 delay = min(backoff * 2 ** (attempt - 1), 5.0)
                 logger.warning("Kafka at %s not ready (%s); retry %d/%d in %.2f s",
-                               self.settings.bootstrap, last, attempt, max_retries, delay)
+                               self.settings.bootstrap, str(last), attempt, max_retries, delay)
                 time.sleep(delay)
             try:
                 if transport is None and not reachable(self.settings):
@@ -444,7 +444,8 @@ class ReportProducer:
             self.stats.reports_failed += n
             self.stats.records_failed += 1
             self._last_error = exc
-        logger.warning("record of %d reports to %s not delivered: %r", n, self.topic, exc)
+        # repr now: a log record must not keep the exception (and its traceback's frames) alive
+        logger.warning("record of %d reports to %s not delivered: %s", n, self.topic, repr(exc))
 
     def _linger_loop(self) -> None:
         with self._lock:
