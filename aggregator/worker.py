@@ -146,10 +146,18 @@ class PipelineRuntime:
                 return restore(blob, q, schema)
             return type(prototypes[name]).from_bytes(blob, q, schema)
 
+        sd_double = None if mech is None else np.sqrt(mech.zero_prob * mech.noise_variance)
+
         def double(batch: ReportBatch, record: bytes) -> np.ndarray:
-            if mech is None or batch.numeric.shape[1] == 0 or batch.n == 0:
-                return batch.numeric.copy()
-            return mech.double(batch.numeric, rng=state_mod.doubling_rng(record))
+            # == mech.double(batch.numeric, rng=doubling_rng(record)), bit for bit (same draws and
+            # arithmetic as mechanisms.zil.sample_sl), without re-validating decoded data
+            x1 = batch.numeric
+            if mech is None or x1.shape[1] == 0 or batch.n == 0:
+                return x1.copy()
+            gen = state_mod.doubling_rng(record)
+            w = gen.standard_exponential(x1.shape[0])
+            g = gen.standard_normal(x1.shape)
+            return x1 + g * np.sqrt(w)[:, None] * sd_double
 
         return cls(
             name=_config_pipeline_name(config),

@@ -159,3 +159,12 @@ def test_metric_names_registered():
     for name in METRIC_NAMES:
         assert ps.has_family(text, name), name
     assert "ldp_consumer_lag_records" in METRIC_NAMES and "ldp_estimate_ci_upper" in METRIC_NAMES
+
+
+def test_fast_doubling_is_zil_double_bit_for_bit(runtime, records):
+    from aggregator.state import doubling_rng
+
+    mech = runtime.schema.zil_mechanism()
+    for r in records[:4]:
+        b = runtime.decode(r)
+        assert np.array_equal(runtime.double(b, r), mech.double(b.numeric, rng=doubling_rng(r)))
