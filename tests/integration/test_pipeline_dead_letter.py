@@ -85,3 +85,35 @@ def test_bad_records_are_dead_lettered(tmp_path, bootstrap_servers, topic_name):
     assert all(st.n == 100 for st in merged.values())
     ends = {0: len(sequence) + sum(p == 0 for p, _ in later), 1: sum(p == 1 for p, _ in later)}
     assert {c.partition: c.next_offset for c in cks.values()} == ends
+
+
+def test_corrupt_state_record_rebuilds_partition_from_earliest(tmp_path, bootstrap_servers, topic_name):
+    from kafka import KafkaProducer
+
+    cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
+    cfg = PipelineConfig.load(cfg_path)
+    ensure_topics(cfg)
+    runtime = PipelineRuntime.from_config(cfg)
+    records = ps.make_records(cfg.telemetry_schema, n_records=12, per_record=10, seed=17)
+    where = ps.produce(bootstrap_servers, cfg.topics.reports, records, partitions=2)
+    # a checkpoint for partition 0 that claims progress but cannot be decoded
+    prod = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
+    prod.send(cfg.topics.state, key=b"flights/0", value=b"LDPC\x00\x01 corrupt")
+    prod.flush(10)
+    prod.close()
+    metrics = WorkerMetrics()
+    w = worker_from_config(cfg, metrics=metrics)
+    t = threading.Thread(target=w.run, kwargs={"exit_when_idle": 2.0}, daemon=True)
+    t.start()
+    t.join(90)
+    assert not t.is_alive()
+    assert ps.metric_value(metrics.exposition().decode(), "ldp_state_records_invalid_total") == 1
+    by_part: dict[int, list[bytes]] = {}
+    for rec, (p, _) in zip(records, where):
+        by_part.setdefault(p, []).append(rec)
+    cks = ps.read_checkpoints(bootstrap_servers, cfg.topics.state, runtime.name)
+    merged, info = merge_checkpoints(cks.values(), runtime)
+    assert info["reports"] == 120
+    want = ps.reference_pass(runtime, by_part, coalesce=True)
+    for name, st in want.items():
+        assert merged[name].n == st.n == 120
