@@ -1,0 +1,226 @@
+"""Coverage-guided fuzzing of the wire decoder (``ingest.codec.decode``), issue 9.
+
+Property checked on every input: ``decode`` either raises a :class:`ingest.errors.DecodeError`
+whose ``reason`` is one of :data:`ingest.codec.DECODE_REASONS` other than ``internal_error``, or
+returns a :class:`ReportBatch` that re-encodes to a record decoding to the same batch (finite
+numerics, codes and bit positions inside their domains). Anything else — another exception type,
+``internal_error`` (the decoder's safety net caught a bug), a non-finite value, an index outside
+its domain — is a crash.
+
+Engines
+-------
+* ``atheris`` (libFuzzer, coverage-guided) when installed: ``python benchmarks/fuzz_codec.py
+  -max_total_time=600 [corpus_dir]`` — any libFuzzer flag works; the seed corpus (valid records of
+  three schemas, one per block layout) is written to ``corpus_dir`` if it is empty.
+* otherwise a ``hypothesis`` loop (mutations of the seed records plus random bytes) for
+  ``--seconds`` seconds.
+
+CI runs this file for a few seconds through ``tests/ingest/test_fuzz_codec.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from ingest import codec  # noqa: E402
+from ingest.batch import ReportBatch  # noqa: E402
+from ingest.codec import DECODE_REASONS, encode  # noqa: E402
+from ingest.errors import DecodeError  # noqa: E402
+from ingest.schema import TelemetrySchema  # noqa: E402
+from mechanisms.uldp.sparse import SparseBits  # noqa: E402
+
+MAX_REPORTS = 4096  # keep a single input cheap for the fuzzer
+MAX_BYTES = 1 << 20
+
+
+def schemas() -> list[TelemetrySchema]:
+    """The flights example schema and two small schemas (uRR only; uRAP-only with k = 300)."""
+    flights = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml")
+    small = TelemetrySchema.from_dict({
+        "name": "fuzz_urr", "numeric": {"zero_prob": 0.1, "scale": 1.0,
+                                        "fields": [{"name": "x", "low": 0.0, "high": 1.0}]},
+        "categorical": [{"name": "c", "categories": [f"v{j}" for j in range(5)], "sensitive": ["v0"],
+                         "mechanism": "urr", "epsilon": 1.0}]})
+    wide = TelemetrySchema.from_dict({
+        "name": "fuzz_urap",
+        "categorical": [{"name": "c", "categories": [f"v{j}" for j in range(300)], "sensitive": ["v0"],
+                         "mechanism": "urap", "epsilon": 1.0}]})
+    return [flights, small, wide]
+
+
+KNOWN = {s.fingerprint: s for s in schemas()}
+
+
+def seed_records(rng: np.random.Generator | None = None) -> list[bytes]:
+    """Valid records of every schema (n = 0, 1, 7; sparse and bitmap uRAP layouts)."""
+    from ingest.privatizer import Privatizer
+
+    rng = rng if rng is not None else np.random.default_rng(0)
+    out = []
+    for s in KNOWN.values():
+        priv = Privatizer(s, rng=rng)
+        for n in (1, 7):
+            cols = {f.name: rng.uniform(f.low, f.high, n) for f in (s.numeric.fields if s.numeric else ())}
+            for c in s.categorical:
+                values = np.asarray(list(c.categories), dtype=object)
+                cols[c.name] = values[rng.integers(0, len(values), n)]
+            out.append(encode(priv.privatize_batch(cols)))
+    # an all-ones uRAP report forces the bitmap layout
+    wide = schemas()[2]
+    out.append(encode(ReportBatch(wide.fingerprint, np.empty((2, 0)),
+                                  {"c": SparseBits.from_dense(np.ones((2, wide.categorical[0].k), bool))})))
+    out.append(encode(ReportBatch(wide.fingerprint, np.empty((0, 0)),
+                                  {"c": SparseBits.from_dense(np.zeros((0, wide.categorical[0].k), bool))})))
+    return out
+
+
+class FuzzFailure(AssertionError):
+    """The decoder violated its contract on an input."""
+
+
+def check_one(data: bytes) -> str:
+    """Run the decoder contract on one input; returns ``"ok"`` or the decode reason.
+
+    Raises
+    ------
+    FuzzFailure
+        On any contract violation (the input is attached as ``.data``).
+    """
+    try:
+        batch = codec.decode(data, KNOWN, max_reports=MAX_REPORTS, max_bytes=MAX_BYTES)
+    except DecodeError as exc:
+        reason = getattr(exc, "reason", None)
+        if reason not in DECODE_REASONS or reason == "internal_error":
+            err = FuzzFailure(f"decode raised reason {reason!r}: {exc}")
+            err.data = data
+            raise err from exc
+        return reason
+    except Exception as exc:
+        err = FuzzFailure(f"decode raised {type(exc).__name__}: {exc}")
+        err.data = data
+        raise err from exc
+    try:
+        schema = KNOWN[batch.fingerprint]
+        assert batch.numeric.shape == (batch.n, schema.dim)
+        assert np.isfinite(batch.numeric).all()
+        for c in schema.categorical:
+            col = batch.categorical[c.name]
+            if isinstance(col, SparseBits):
+                assert col.k == c.k and col.n == batch.n
+                assert col.indices.size == 0 or (0 <= col.indices.min() and col.indices.max() < c.k)
+            else:
+                assert col.shape == (batch.n,) and (col.size == 0 or (col.min() >= 0 and col.max() < c.k))
+        again = codec.decode(encode(batch), KNOWN, max_reports=MAX_REPORTS, max_bytes=MAX_BYTES)
+        assert np.array_equal(again.numeric, batch.numeric)
+        for name, col in batch.categorical.items():
+            other = again.categorical[name]
+            if isinstance(col, SparseBits):
+                assert np.array_equal(col.indices, other.indices)
+                assert np.array_equal(col.offsets, other.offsets)
+            else:
+                assert np.array_equal(col, other)
+    except Exception as exc:
+        err = FuzzFailure(f"decoded batch violates the contract: {type(exc).__name__}: {exc}")
+        err.data = data
+        raise err from exc
+    return "ok"
+
+
+def _atheris_main(argv: list[str]) -> None:  # pragma: no cover - run as a subprocess
+    import atheris
+
+    corpus_dirs = [a for a in argv[1:] if not a.startswith("-")]
+    for d in corpus_dirs:
+        p = Path(d)
+        p.mkdir(parents=True, exist_ok=True)
+        if not any(p.iterdir()):
+            for i, rec in enumerate(seed_records()):
+                (p / f"seed-{i:03d}").write_bytes(rec)
+
+    def test_one_input(data: bytes) -> None:
+        check_one(data)
+
+    # coverage instrumentation of the decoder only (instrument_all() takes minutes)
+    import inspect
+
+    from mechanisms.uldp import sparse
+
+    for mod in (codec, sparse):
+        for name, obj in list(vars(mod).items()):
+            if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
+                setattr(mod, name, atheris.instrument_func(obj))
+            elif inspect.isclass(obj) and obj.__module__ == mod.__name__:
+                for attr, fn in list(vars(obj).items()):
+                    if inspect.isfunction(fn):
+                        setattr(obj, attr, atheris.instrument_func(fn))
+    atheris.Setup(argv, test_one_input)
+    atheris.Fuzz()
+
+
+def _hypothesis_main(seconds: float) -> int:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    seeds = seed_records()
+    deadline = time.monotonic() + seconds
+    count = {"n": 0}
+
+    @st.composite
+    def mutated(draw):
+        base = bytearray(draw(st.sampled_from(seeds)))
+        for _ in range(draw(st.integers(1, 8))):
+            op = draw(st.integers(0, 3))
+            pos = draw(st.integers(0, max(len(base) - 1, 0)))
+            if op == 0 and base:
+                base[pos] = draw(st.integers(0, 255))
+            elif op == 1:
+                base[pos:pos] = draw(st.binary(max_size=16))
+            elif op == 2:
+                del base[pos:pos + draw(st.integers(1, 16))]
+            else:
+                base = base[:pos]
+        return bytes(base)
+
+    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(mutated(), st.binary(max_size=512)))
+    def run(data):
+        count["n"] += 1
+        check_one(data)  # a violation propagates (hypothesis shrinks it first)
+
+    while time.monotonic() < deadline:
+        run()
+    print(f"hypothesis fuzzing: {count['n']} inputs in {seconds:g} s, no contract violation")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; see the module docstring."""
+    argv = list(sys.argv if argv is None else argv)
+    force_hypothesis = "--hypothesis" in argv
+    if not force_hypothesis:
+        try:
+            import atheris  # noqa: F401
+        except ImportError:
+            force_hypothesis = True
+    if not force_hypothesis:
+        _atheris_main([a for a in argv if a != "--hypothesis"])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=float(os.environ.get("FUZZ_SECONDS", 60)))
+    ap.add_argument("--hypothesis", action="store_true")
+    args, _ = ap.parse_known_args(argv[1:])
+    return _hypothesis_main(args.seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
