@@ -475,7 +475,7 @@ class Worker:
             if todo and not self._closing:
                 # the producer is a separate client: publishing + flushing here is short and safe
                 try:
-                    self._publish(todo, commit=False)
+                    self._publish(todo)
                 except Exception:
                     log.exception("checkpoint on revoke failed; the next owner replays from the last one")
             for p in parts:
@@ -608,13 +608,17 @@ class Worker:
             st.update(batch, x2)
 
     # ------------------------------------------------------------------------------ checkpoints
-    def _publish(self, parts: list[PartitionState], commit: bool) -> None:
+    def _publish(self, parts: list[PartitionState]) -> dict:
+        """Send the checkpoints of ``parts`` and flush; returns the offsets to commit.
+
+        Only the producer (a separate client) is used, so this is safe inside the rebalance
+        callback and under ``self._lock``.
+        """
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
         if not parts:
-            return
-        t0 = time.perf_counter()
+            return {}
         for ps in parts:
             ck = ps.to_checkpoint(self.runtime)
             self._producer.send(self.state_topic, key=ck.key, value=ck.to_bytes())
@@ -623,14 +627,8 @@ class Worker:
         for ps in parts:
             ps.dirty = False
         self.metrics.checkpoints.inc(len(parts))
-        if commit:
-            offsets = {TopicPartition(self.reports_topic, ps.partition):
-                       OffsetAndMetadata(ps.next_offset, "", -1) for ps in parts}
-            try:
-                self._consumer.commit(offsets)
-            except Exception as exc:  # committed offsets are advisory: positions come from checkpoints
-                log.warning("offset commit failed (%s); checkpoints are already durable", exc)
-        self.metrics.checkpoint_duration.observe(time.perf_counter() - t0)
+        return {TopicPartition(self.reports_topic, ps.partition): OffsetAndMetadata(ps.next_offset, "", -1)
+                for ps in parts}
 
     def checkpoint(self, force: bool = False) -> int:
         """Publish the checkpoints of owned partitions, flush, then commit their offsets.
@@ -645,12 +643,21 @@ class Worker:
         int
             Number of partitions checkpointed.
         """
+        t0 = time.perf_counter()
         with self._lock:
             parts = [ps for ps in self.owned.values() if force or ps.dirty]
-            self._publish(parts, commit=True)
+            offsets = self._publish(parts)
             self._since_ckpt_reports = 0
             self._last_ckpt = time.monotonic()
-            return len(parts)
+        if offsets:
+            # outside the lock: commit runs on the consumer's network loop, which also runs the
+            # rebalance callbacks that take the lock
+            try:
+                self._consumer.commit(offsets)
+            except Exception as exc:  # committed offsets are advisory: positions come from checkpoints
+                log.warning("offset commit failed (%s); checkpoints are already durable", exc)
+            self.metrics.checkpoint_duration.observe(time.perf_counter() - t0)
+        return len(parts)
 
     # -------------------------------------------------------------------------------- main loop
     def stop(self) -> None:
