@@ -574,7 +574,7 @@ def delta_for_epsilon(epsilon, c: float, zero_prob: float, dim: int | None = Non
     """
     zp = check_open_unit("zero_prob", zero_prob)
     dc = delta_c(epsilon, c, dim)
-    return 1.0 - (1.0 - zp) * (1.0 - dc)
+    return zp + (1.0 - zp) * dc  # = 1 − (1 − δ)(1 − δ_c), exact δ when δ_c = 0
 
 
 def epsilon_for_delta(delta: float, c: float, zero_prob: float, dim: int | None = None) -> float:
