@@ -26,5 +26,12 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Benchmarks and paper reproductions (docs/benchmarks.md, docs/reproductions.md); BENCH_ARGS=--quick for a smoke run
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.client $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.repro_zil $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.repro_uldp $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache

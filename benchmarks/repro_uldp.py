@@ -118,7 +118,7 @@ def plot(res: dict) -> None:
         ax.set_ylabel(lab)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-        ax.set_title(f"flights dest: k={res['k']}, |𝒳_S|={res['s']}, n={res['n']:,} "
+        ax.set_title(f"flights dest: k={res['k']}, |X_S|={res['s']}, n={res['n']:,} "
                      f"({res['reps']} reps; thick = theory of empirical)", fontsize=9)
         savefig(fig, f"repro_uldp_{key}")
 
