@@ -1,0 +1,253 @@
+"""``ldp-stream privacy``: ZIL privacy accounting from the command line (DESIGN §2).
+
+Subcommands:
+
+* ``calibrate`` — the scale λ (and shift c) that makes ZIL(zero_prob, λ²I) (ε, δ)-DP.
+* ``curve`` — draw the trade-off function with its (ε, δ̃) envelope lines to a PNG.
+* ``guarantee`` — the plain-language guarantee of a given (zero_prob, scale, dim).
+
+Parameter errors raised by :mod:`mechanisms.privacy` are ``ParameterError`` (a ``ValueError``);
+``aggregator.cli.main`` prints them as one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+
+from mechanisms.errors import ParameterError
+
+log = logging.getLogger(__name__)
+
+#: ε values of the envelope lines in ``curve`` (paper Fig. 1(a)).
+DEFAULT_CURVE_EPSILONS = "0.5,0.7,0.9,1.2,1.6,2.1,2.8"
+
+
+def _epsilon_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0, got {text!r}") from None
+    if not values or any(not (math.isfinite(v) and v >= 0) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers >= 0, got {text!r}")
+    return values
+
+
+def register(subparsers) -> None:
+    """Add the ``privacy`` subcommand (with ``calibrate``, ``curve``, ``guarantee``)."""
+    p = subparsers.add_parser(
+        "privacy",
+        help="ZIL privacy accounting: calibrate the scale, plot trade-off curves, explain guarantees",
+        description="Privacy accounting of the ZIL mechanism in f-DP (Dong-Roth-Su): calibration of "
+        "the noise scale to a target (epsilon, delta), trade-off curves and guarantees.",
+    )
+    p.set_defaults(func=lambda args: _help(p))
+    sub = p.add_subparsers(dest="privacy_command", metavar="ACTION")
+
+    cal = sub.add_parser(
+        "calibrate",
+        help="scale so that ZIL is (epsilon, delta)-DP",
+        description="Solve delta~_{c,zero_prob}(epsilon) = delta for c and print c and "
+        "scale = diameter / c. Needs delta > zero_prob.",
+    )
+    cal.add_argument("--epsilon", type=float, required=True, help="target epsilon >= 0")
+    cal.add_argument("--delta", type=float, required=True, help="target delta in (zero_prob, 1)")
+    cal.add_argument(
+        "--zero-prob",
+        type=float,
+        required=True,
+        help="probability in (0, 1) that a report is released exactly (no noise)",
+    )
+    cal.add_argument(
+        "--diameter",
+        type=float,
+        required=True,
+        help="diameter of the protected set in standardized units: sqrt(d) for whole reports of d "
+        "fields (record level), 1 for one field (attribute level)",
+    )
+    cal.add_argument(
+        "--dim",
+        type=int,
+        default=None,
+        help="number of fields d; 1 uses the exact Laplace accounting, otherwise the beta_c bound "
+        "(valid for every d) is used",
+    )
+    cal.add_argument("--json", action="store_true", help="print one JSON object")
+    cal.set_defaults(func=run_calibrate)
+
+    cur = sub.add_parser(
+        "curve",
+        help="draw the trade-off function and its (epsilon, delta~) envelopes to a PNG",
+        description="Plot T_{d,c,zero_prob} (exact for --dim 1, the beta_c bound otherwise) with "
+        "the f_{epsilon, delta~(epsilon)} envelope lines.",
+    )
+    cur.add_argument("--c", type=float, required=True, help="shift c = diameter / scale > 0")
+    cur.add_argument("--zero-prob", type=float, required=True, help="zero probability in (0, 1)")
+    cur.add_argument("--dim", type=int, default=None, help="number of fields (1 = exact Laplace)")
+    cur.add_argument("--png", required=True, help="output PNG path")
+    cur.add_argument(
+        "--epsilons",
+        type=_epsilon_list,
+        default=_epsilon_list(DEFAULT_CURVE_EPSILONS),
+        help=f"comma-separated epsilons of the envelope lines (default {DEFAULT_CURVE_EPSILONS})",
+    )
+    cur.add_argument(
+        "--monte-carlo",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also draw a Monte Carlo T_{dim,c,zero_prob} with N samples per hypothesis (needs --dim)",
+    )
+    cur.add_argument("--seed", type=int, default=None, help="seed of the Monte Carlo curve")
+    cur.add_argument("--points", type=int, default=301, help="points on the curve (>= 11)")
+    cur.set_defaults(func=run_curve)
+
+    gua = sub.add_parser(
+        "guarantee",
+        help="explain the guarantee of a (zero_prob, scale, dim) configuration",
+        description="Record- and attribute-level (epsilon, delta~) guarantees of ZIL noise on the "
+        "standardized box [0, 1]^dim.",
+    )
+    gua.add_argument("--zero-prob", type=float, required=True, help="zero probability in (0, 1)")
+    gua.add_argument("--scale", type=float, required=True, help="noise scale per unit of range > 0")
+    gua.add_argument("--dim", type=int, required=True, help="number of numeric fields >= 1")
+    gua.add_argument("--epsilons", type=_epsilon_list, default=None, help="comma-separated epsilons")
+    gua.add_argument("--json", action="store_true", help="print one JSON object")
+    gua.set_defaults(func=run_guarantee)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Print ``c`` and ``scale`` for the target (ε, δ); ``--json`` prints one JSON object.
+
+    Returns
+    -------
+    int
+        0. Impossible targets raise ``ParameterError`` (exit 2 through ``main``).
+    """
+    from mechanisms.privacy import calibrate_c, delta_for_epsilon
+
+    if not (math.isfinite(args.diameter) and args.diameter > 0):
+        raise ParameterError(f"diameter must be a finite number > 0, got {args.diameter}")
+    c = calibrate_c(args.epsilon, args.delta, args.zero_prob, args.dim)
+    scale = args.diameter / c
+    accounting = "exact_laplace" if args.dim == 1 else "beta_c_bound"
+    check = float(delta_for_epsilon(args.epsilon, c, args.zero_prob, 1 if args.dim == 1 else None))
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "c": c,
+                    "scale": scale,
+                    "epsilon": args.epsilon,
+                    "delta": args.delta,
+                    "zero_prob": args.zero_prob,
+                    "diameter": args.diameter,
+                    "dim": args.dim,
+                    "accounting": accounting,
+                    "delta_tilde_check": check,
+                }
+            )
+        )
+        return 0
+    how = (
+        "exact one-dimensional (Laplace) accounting"
+        if args.dim == 1
+        else "beta_c bound, valid for any number of fields"
+    )
+    print(f"c = {c:.6f}")
+    print(f"scale = {scale:.6f}")
+    print(
+        f"ZIL(zero_prob={args.zero_prob:g}, scale={scale:.6g}) over diameter {args.diameter:g} is "
+        f"({args.epsilon:g}, {args.delta:g})-DP ({how}); {100 * args.zero_prob:g}% of reports are "
+        "released exactly, without noise."
+    )
+    return 0
+
+
+def run_curve(args: argparse.Namespace) -> int:
+    """Draw the trade-off curve and its envelope lines to ``args.png``; print the (ε, δ̃) table.
+
+    Returns
+    -------
+    int
+        0.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from mechanisms.privacy import delta_for_epsilon, tradeoff_epsilon_delta, tradeoff_zil
+
+    if args.points < 11:
+        raise ParameterError(f"points must be an integer >= 11, got {args.points}")
+    if args.monte_carlo < 0:
+        raise ParameterError(f"monte-carlo must be >= 0, got {args.monte_carlo}")
+    if args.monte_carlo and args.dim is None:
+        raise ParameterError("--monte-carlo needs --dim (the dimension to simulate)")
+    alpha = np.linspace(0.0, 1.0, args.points)
+    curve = tradeoff_zil(alpha, args.c, args.zero_prob, args.dim)
+    exact = args.dim == 1
+    dim_arg = 1 if exact else None
+    eps = np.asarray(args.epsilons, dtype=float)
+    dts = delta_for_epsilon(eps, args.c, args.zero_prob, dim_arg)
+
+    fig, ax = plt.subplots(figsize=(5.5, 5.5), dpi=110)
+    ax.plot(alpha, 1.0 - alpha, color="tab:cyan", lw=1, ls="--", label="1 − α (no information)")
+    for k, (e, d) in enumerate(zip(eps, dts)):
+        ax.plot(
+            alpha,
+            tradeoff_epsilon_delta(alpha, float(e), float(d)),
+            color="black",
+            lw=0.7,
+            label="(ε, δ̃(ε)) envelopes" if k == 0 else None,
+        )
+    sub = f"{args.c:g},{args.zero_prob:g}"
+    name = f"$T_{{1,{sub}}}$ (exact, d = 1)" if exact else f"$\\beta_{{{sub}}}$ (bound, any d)"
+    ax.plot(alpha, curve, color="tab:blue", lw=2, label=name)
+    if args.monte_carlo:
+        mc = tradeoff_zil(
+            alpha, args.c, args.zero_prob, args.dim, method="monte_carlo", rng=args.seed, n=args.monte_carlo
+        )
+        label = f"$T_{{{args.dim},{sub}}}$ Monte Carlo (n = {args.monte_carlo})"
+        ax.plot(alpha, mc, color="tab:green", lw=1.2, label=label)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
+    ax.set_xlabel("type I error α")
+    ax.set_ylabel("type II error β")
+    ax.set_title(f"ZIL trade-off, c = {args.c:g}, zero_prob = {args.zero_prob:g}")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(args.png, format="png")
+    finally:
+        plt.close(fig)
+    print(f"wrote {args.png}")
+    print("epsilon  delta_tilde")
+    for e, d in zip(eps, dts):
+        print(f"{e:7.3g}  {d:.6f}")
+    return 0
+
+
+def run_guarantee(args: argparse.Namespace) -> int:
+    """Print the :class:`mechanisms.privacy.ZILGuarantee` summary (or JSON).
+
+    Returns
+    -------
+    int
+        0.
+    """
+    from mechanisms.privacy import DEFAULT_EPSILONS, zil_guarantee
+
+    g = zil_guarantee(args.zero_prob, args.scale, args.dim, args.epsilons or DEFAULT_EPSILONS)
+    print(json.dumps(g.to_dict()) if args.json else g.summary())
+    return 0
