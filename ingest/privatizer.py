@@ -88,9 +88,10 @@ class Privatizer:
     Parameters
     ----------
     schema : TelemetrySchema
-    rng : Generator, int or None
-        Noise source; ``None`` (the default, and the only choice for production) seeds from OS
-        entropy. Ints are for tests and benchmarks.
+    rng : Generator, int, "secure" or None
+        Noise source; ``None`` (the default) seeds from OS entropy — or, when the schema says
+        ``[client] rng = "secure"``, uses ChaCha20 keyed from the OS; ``"secure"`` always does
+        (``mechanisms.rng.as_generator``). Ints are for tests and benchmarks.
     personal_sensitive : mapping str → (iterable of str | mapping str → int), optional
         For PUM fields (``personalized`` set in the schema): this user's personally sensitive
         values. An iterable maps every listed value to bot ⊥₁ (code ``len(categories)``); a
@@ -114,6 +115,9 @@ class Privatizer:
         if not isinstance(schema, TelemetrySchema):
             raise SchemaError(f"schema must be a TelemetrySchema, got {type(schema).__name__}")
         self.schema = schema
+        client = getattr(schema, "client", None)
+        if rng is None and client is not None and client.rng == "secure":
+            rng = "secure"  # the schema's [client] rng setting (issue 9)
         self._rng = as_generator(rng)
         self._zil = schema.zil_mechanism()
         self._cat_mechs = {c.name: schema.categorical_mechanism(c.name) for c in schema.categorical}

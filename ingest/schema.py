@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CategoricalField",
+    "ClientSettings",
     "NumericField",
     "NumericGroup",
     "PersonalizedSetting",
@@ -264,6 +265,27 @@ class CategoricalField(_Frozen):
         return h / (h + 1.0)
 
 
+class ClientSettings(_Frozen):
+    """``[client]``: how clients of this schema draw their noise (issue 9, docs/privacy.md).
+
+    Parameters
+    ----------
+    rng : {"os", "secure"}
+        ``"os"`` (default): numpy's PCG64 seeded from OS entropy; ``"secure"``: ChaCha20 keyed from
+        the OS CSPRNG (``mechanisms.rng.secure_generator``). Used by ``Privatizer`` when it is
+        given ``rng=None``. Part of the fingerprint like every schema setting.
+    """
+
+    rng: str = "os"
+
+    @field_validator("rng")
+    @classmethod
+    def _rng(cls, v: str) -> str:
+        if v not in ("os", "secure"):
+            raise ValueError(f"rng must be 'os' or 'secure', got {v!r}")
+        return v
+
+
 class TelemetrySchema(_Frozen):
     """A versioned report schema (DESIGN §4).
 
@@ -297,6 +319,7 @@ class TelemetrySchema(_Frozen):
     description: str | None = None
     numeric: NumericGroup | None = None
     categorical: tuple[CategoricalField, ...] = ()
+    client: ClientSettings | None = None
 
     @model_validator(mode="after")
     def _whole(self) -> TelemetrySchema:
@@ -379,6 +402,8 @@ class TelemetrySchema(_Frozen):
             out += [f"{k} = {_toml(v)}" for k, v in num.items() if k != "fields"]
             for f in num["fields"]:
                 out += ["", "[[numeric.fields]]"] + [f"{k} = {_toml(v)}" for k, v in f.items()]
+        if "client" in d:
+            out += ["", "[client]"] + [f"{k} = {_toml(v)}" for k, v in d["client"].items()]
         for c in d.get("categorical", []):
             out += ["", "[[categorical]]"]
             for k, v in c.items():

@@ -290,3 +290,18 @@ def test_serve_read_only_and_never_a_traceback(monkeypatch):
     finally:
         with contextlib.suppress(Exception):
             srv.close()
+
+
+def test_schema_client_rng_setting(schema):
+    from ingest.errors import SchemaError
+
+    data = schema.to_dict()
+    secure = TelemetrySchema.from_dict({**data, "client": {"rng": "secure"}})
+    assert is_secure(Privatizer(secure)._rng)
+    assert not is_secure(Privatizer(schema)._rng)
+    assert not is_secure(Privatizer(secure, rng=np.random.default_rng(0))._rng)  # explicit rng wins
+    assert TelemetrySchema.loads(secure.dumps_toml()) == secure
+    assert secure.fingerprint != schema.fingerprint  # a schema setting like any other
+    assert TelemetrySchema.from_dict(data).fingerprint == schema.fingerprint  # absent: unchanged
+    with pytest.raises(SchemaError, match="rng must be 'os' or 'secure'"):
+        TelemetrySchema.from_dict({**data, "client": {"rng": "pcg"}})
