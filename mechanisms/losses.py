@@ -210,6 +210,48 @@ class Loss(ABC):
         the kernel bandwidth of :meth:`smoothed_hessian`."""
         return 1.0
 
+    def mean_hessian_theta(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray | None:
+        """Mean analytic θ-Hessian ``(1/n) Σ_i ∇²θ ℓ(x_i, θ)``, shape (q, q), or None.
+
+        Provided where ``∇θ ℓ`` is continuous and piecewise differentiable in θ (squared,
+        ``(θ − g(x))²``, linear/logistic/Huber regression); None for kinked losses (use
+        :meth:`smoothed_hessians`) and for losses without a closed form. Applied to ``X̃₁`` and
+        ``X̃₂`` and DR-combined, ``[H(X̃₁) − (1−δ)H(X̃₂)]/δ``, it is unbiased for ``E ∇²θ ℓ(X, θ)``
+        (DESIGN §2); used by the online one-step estimator (``aggregator.state.sgd``).
+
+        Parameters
+        ----------
+        x : (n, p) records (original or standardized units, as for :meth:`grad`); theta : (q,)
+
+        Returns
+        -------
+        ndarray (q, q) or None
+        """
+        return None
+
+    def smoothed_hessians(self, x: np.ndarray, theta: np.ndarray, bandwidths) -> np.ndarray | None:
+        """:meth:`smoothed_hessian` for several bandwidths at once, shape (K, q, q), or None.
+
+        Parameters
+        ----------
+        x : (n, p) records; theta : (q,)
+        bandwidths : array (K,) of float > 0
+            Kernel widths in units of the kink variable (residual, margin).
+
+        Returns
+        -------
+        ndarray (K, q, q) or None
+            ``out[k] == smoothed_hessian(x, theta, bandwidths[k])``; None if the loss has no
+            smoothed Hessian (DESIGN §2, "smoothed score").
+        """
+        out = []
+        for h in np.asarray(bandwidths, dtype=np.float64).reshape(-1):
+            v = self.smoothed_hessian(x, theta, float(h))
+            if v is None:
+                return None
+            out.append(v)
+        return np.stack(out)
+
     def theta_scale(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """A natural unit per parameter, shape (q,), used for numerical-derivative steps and
         optimiser simplex sizes (DESIGN §2: step ``~ n^(−1/3)·scale``)."""
@@ -288,6 +330,9 @@ class SquaredLoss(Loss):
     def grad_laplacian_x(self, x, theta, weights):
         return np.zeros((x.shape[0], self.dim))
 
+    def mean_hessian_theta(self, x, theta):
+        return 2.0 * np.eye(self.dim)
+
     def theta_scale(self, x, theta):
         return _robust_spread(x)
 
@@ -352,6 +397,11 @@ class CheckLoss(Loss):
     def smoothed_hessian(self, x, theta, bandwidth):
         u = (x[:, 0] - theta[0]) / bandwidth
         return np.array([[float(np.mean(np.exp(-0.5 * u * u))) / (bandwidth * _SQRT_2PI)]])
+
+    def smoothed_hessians(self, x, theta, bandwidths):
+        h = np.asarray(bandwidths, dtype=np.float64).reshape(-1)
+        u = (x[:, 0] - theta[0])[:, None] / h
+        return (np.exp(-0.5 * u * u).mean(axis=0) / (h * _SQRT_2PI))[:, None, None]
 
     def residual_spread(self, x, theta):
         return float(_robust_spread(x[:, :1])[0])
@@ -476,6 +526,9 @@ class TransformSquaredLoss(Loss):
             super().grad_laplacian_x(x, theta, weights)
         w = self.weights_array(weights)
         return (-2.0 * self._deriv(self.d2g, x) @ w)[:, None]
+
+    def mean_hessian_theta(self, x, theta):
+        return np.array([[2.0]])
 
     def theta_scale(self, x, theta):
         return _robust_spread(self.transform(x)[:, None])
@@ -730,6 +783,33 @@ class _IndexLoss(Loss):
         z = self._design(x)
         return (z * w[:, None]).T @ z / x.shape[0]
 
+    def _phi_ee_theta(self, eta, y):
+        """``∂²φ/∂η²`` for the θ-Hessian (a.e.), or None when φ kinks in η."""
+        if not self.smooth_theta:
+            return None
+        try:
+            return self._phi_ee(eta, y)
+        except NotImplementedError:
+            return None
+
+    def mean_hessian_theta(self, x, theta):
+        z = self._design(x)
+        w = self._phi_ee_theta(z @ theta, self._y(x))
+        if w is None:
+            return None
+        return (z * w[:, None]).T @ z / x.shape[0]
+
+    def smoothed_hessians(self, x, theta, bandwidths):
+        eta, y = self._eta(x, theta), self._y(x)
+        k = self._kink(eta, y)
+        if k is None:
+            return None
+        h = np.asarray(bandwidths, dtype=np.float64).reshape(-1)
+        u = k[:, None] / h
+        w = np.exp(-0.5 * u * u) / (h * _SQRT_2PI)  # (n, K)
+        z = self._design(x)
+        return np.einsum("nk,ni,nj->kij", w, z, z, optimize=True) / x.shape[0]
+
     def residual_spread(self, x, theta):
         k = self._kink(self._eta(x, theta), self._y(x))
         return 1.0 if k is None else float(_robust_spread(k[:, None])[0])
@@ -942,6 +1022,9 @@ class HuberLoss(_IndexLoss):
 
     def _phi_eta(self, eta, y):
         return -np.clip(y - eta, -self.c, self.c)
+
+    def _phi_ee_theta(self, eta, y):
+        return (np.abs(y - eta) <= self.c).astype(np.float64)
 
 
 class QuantileRegressionLoss(_IndexLoss):

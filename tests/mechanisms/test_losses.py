@@ -171,3 +171,79 @@ def test_record_checks():
         CheckLoss().check_x(np.zeros((3, 2)))
     with pytest.raises(ParameterError, match="theta must have shape"):
         LinearRegressionLoss().check_theta([1.0], 3)
+
+
+# ------------------------------------------------------------------ θ-Hessians (online one-step)
+HESS = [loss for loss in ALL
+        if loss.mean_hessian_theta(*_records(loss, np.random.default_rng(0))) is not None]
+KINKED = [loss for loss in ALL if not loss.smooth_theta]
+
+
+def test_hessian_families():
+    """Analytic θ-Hessians exist exactly for the losses with a continuous θ-gradient."""
+    assert {loss.name for loss in HESS} == {loss.name for loss in ALL if loss.smooth_theta}
+    for loss in KINKED:
+        x, theta = _records(loss, np.random.default_rng(0))
+        assert loss.mean_hessian_theta(x, theta) is None
+
+
+@pytest.mark.parametrize("loss", HESS, ids=lambda loss: loss.name)
+def test_mean_hessian_matches_finite_differences_of_grad(loss):
+    rng = np.random.default_rng(3)
+    x, theta = _records(loss, rng, n=200)
+    x = loss.check_x(x)
+    H = loss.mean_hessian_theta(x, theta)
+    q = theta.size
+    assert H.shape == (q, q)
+    np.testing.assert_allclose(H, H.T, atol=1e-12)
+    h = 1e-6
+    fd = np.empty((q, q))
+    for k in range(q):
+        e = np.zeros(q)
+        e[k] = h
+        fd[:, k] = (loss.grad(x, theta + e).mean(axis=0) - loss.grad(x, theta - e).mean(axis=0)) / (2 * h)
+    # Huber's θ-gradient has kinks at |r| = c: none of the 200 records sits within 1e-6 of one
+    np.testing.assert_allclose(H, fd, rtol=1e-5, atol=1e-6)
+
+
+def test_logistic_hessian_formula():
+    rng = np.random.default_rng(4)
+    loss = LogisticLoss(noised=(0,))
+    x, theta = _records(loss, rng, n=50)
+    z = np.column_stack([np.ones(50), x[:, :2]])
+    p = 1 / (1 + np.exp(-z @ theta))
+    ref = sum(pi * (1 - pi) * np.outer(zi, zi) for pi, zi in zip(p, z)) / 50
+    np.testing.assert_allclose(loss.mean_hessian_theta(x, theta), ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("loss", KINKED, ids=lambda loss: loss.name)
+def test_smoothed_hessian_ladder_matches_single_bandwidths(loss):
+    rng = np.random.default_rng(5)
+    x, theta = _records(loss, rng, n=300)
+    x = loss.check_x(x)
+    hs = np.array([1.0, 0.3, 0.05])
+    lad = loss.smoothed_hessians(x, theta, hs)
+    assert lad.shape == (3, theta.size, theta.size)
+    for k, h in enumerate(hs):
+        np.testing.assert_allclose(lad[k], loss.smoothed_hessian(x, theta, h), rtol=1e-12, atol=1e-15)
+
+
+def test_smoothed_hessian_ladder_converges_to_the_density():
+    """Median regression with N(0,1) errors: E K_h(r) z zᵀ → φ(0)·E z zᵀ as h → 0 (bias O(h²))."""
+    rng = np.random.default_rng(6)
+    n = 400_000
+    a = rng.uniform(-1, 1, n)
+    x = np.column_stack([a, 1 + 2 * a + rng.standard_normal(n)])
+    loss = QuantileRegressionLoss(0.5, noised=(0, 1))
+    lad = loss.smoothed_hessians(x, np.array([1.0, 2.0]), [0.5, 0.1])
+    ez = np.array([[1.0, 0.0], [0.0, 1.0 / 3.0]])
+    # convolution of N(0,1) with N(0,h²) at 0: 1/sqrt(2π(1+h²)); SE of the kernel mean < 0.3 %
+    for k, h in enumerate((0.5, 0.1)):
+        np.testing.assert_allclose(lad[k], ez / np.sqrt(2 * np.pi * (1 + h * h)), rtol=0.02, atol=5e-3)
+
+
+def test_losses_without_smoothed_hessian_return_none():
+    x, theta = _records(relu_loss, np.random.default_rng(7))
+    assert relu_loss.smoothed_hessians(x, theta, [0.1, 0.2]) is None
+    lg = LogisticLoss()
+    assert lg.smoothed_hessians(*_records(lg, np.random.default_rng(7)), [0.1]) is None
