@@ -61,7 +61,7 @@ def test_sigkill_at_five_seeded_moments(request, tmp_path, bootstrap_servers, to
     cfg_path, cfg, runtime = _setup(tmp_path, bootstrap_servers, topic_name)
     rng = np.random.default_rng(9001)
     log = tmp_path / "worker.log"
-    prod = cs.Producer(bootstrap_servers, cfg.topics.reports, records, delay_s=0.05)
+    prod = cs.Producer(bootstrap_servers, cfg.topics.reports, records, delay_s=0.07)
     prod.start()
     kills = []
     procs = []
