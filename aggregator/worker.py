@@ -38,11 +38,10 @@ from typing import Any
 import numpy as np
 
 from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader, checkpoint_key
-from aggregator.errors import AggregatorError, ConfigError, StateError
+from aggregator.errors import AggregatorError, ConfigError
 from aggregator.metrics import WorkerMetrics
-from ingest.batch import ReportBatch
+from ingest.batch import ReportBatch, concat_batches
 from ingest.errors import DecodeError
-from mechanisms.uldp.sparse import SparseBits
 
 __all__ = [
     "PartitionState",
@@ -211,50 +210,6 @@ def _config_pipeline_name(config) -> str:
 # --------------------------------------------------------------------------------------------------
 # batches
 # --------------------------------------------------------------------------------------------------
-def concat_batches(batches: list[ReportBatch]) -> ReportBatch:
-    """Concatenate report batches of one schema into one (row order preserved).
-
-    Parameters
-    ----------
-    batches : list of ReportBatch
-        Non-empty; all with the same fingerprint, numeric width and categorical fields.
-
-    Returns
-    -------
-    ReportBatch
-        ``n = Σ nᵢ``; numeric blocks stacked, code arrays concatenated, :class:`SparseBits`
-        columns joined (offsets shifted).
-
-    Raises
-    ------
-    StateError
-        If the batches do not share one layout.
-    """
-    if not batches:
-        raise StateError("concat_batches needs at least one batch")
-    if len(batches) == 1:
-        return batches[0]
-    first = batches[0]
-    for b in batches[1:]:
-        if (b.fingerprint != first.fingerprint or b.numeric.shape[1] != first.numeric.shape[1]
-                or list(b.categorical) != list(first.categorical)):
-            raise StateError("cannot concatenate report batches of different layouts")
-    numeric = np.concatenate([b.numeric for b in batches], axis=0)
-    cats: dict = {}
-    for name, col in first.categorical.items():
-        if isinstance(col, SparseBits):
-            idx, offs, base = [], [np.zeros(1, np.int64)], 0
-            for b in batches:
-                sb = b.categorical[name]
-                idx.append(sb.indices)
-                offs.append(sb.offsets[1:] + base)
-                base += int(sb.offsets[-1])
-            cats[name] = SparseBits(np.concatenate(idx), np.concatenate(offs), col.k)
-        else:
-            cats[name] = np.concatenate([np.asarray(b.categorical[name]) for b in batches])
-    return ReportBatch(first.fingerprint, numeric, cats)
-
-
 # --------------------------------------------------------------------------------------------------
 # per-partition state
 # --------------------------------------------------------------------------------------------------

@@ -20,88 +20,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ingest.batch import ReportBatch
+from ingest.batch import ReportBatch, concat_batches, slice_batch
 from ingest.errors import ConfigError, ProducerError, SchemaError
 from ingest.kafka import KafkaPythonTransport, KafkaSettings, Transport, ensure_topic, reachable
-from mechanisms.uldp.sparse import SparseBits
 
 logger = logging.getLogger(__name__)
-
-
-def slice_batch(batch: ReportBatch, start: int, stop: int) -> ReportBatch:
-    """Reports ``start:stop`` of ``batch`` (same fingerprint and fields).
-
-    Parameters
-    ----------
-    batch : ReportBatch
-        ``n`` reports.
-    start, stop : int
-        ``0 <= start <= stop <= n``.
-
-    Returns
-    -------
-    ReportBatch
-        ``stop - start`` reports; numeric rows are a view when possible.
-    """
-    if not 0 <= start <= stop <= batch.n:
-        raise SchemaError(f"slice must satisfy 0 <= start <= stop <= {batch.n}, got {start}:{stop}")
-    cats: dict[str, Any] = {}
-    for name, col in batch.categorical.items():
-        if isinstance(col, SparseBits):
-            cats[name] = _slice_bits(col, start, stop)
-        else:
-            cats[name] = np.asarray(col)[start:stop]
-    return ReportBatch(batch.fingerprint, batch.numeric[start:stop], cats)
-
-
-def _slice_bits(col: SparseBits, start: int, stop: int) -> SparseBits:
-    """Contiguous reports ``start:stop`` of a validated SparseBits, without re-validation.
-
-    A contiguous slice of a valid CSR structure is valid, and ``SparseBits.take`` + validation
-    cost ~0.5 ms per call — the bottleneck of single-report records.
-    """
-    off = col.offsets[start : stop + 1]
-    out = object.__new__(SparseBits)
-    object.__setattr__(out, "indices", col.indices[off[0] : off[-1]])
-    object.__setattr__(out, "offsets", off - off[0])
-    object.__setattr__(out, "k", col.k)
-    return out
-
-
-def concat_batches(batches: list[ReportBatch]) -> ReportBatch:
-    """Concatenate batches of one schema in order.
-
-    Parameters
-    ----------
-    batches : list of ReportBatch
-        At least one; all with the same fingerprint and categorical fields.
-
-    Returns
-    -------
-    ReportBatch
-        ``sum(b.n)`` reports.
-
-    Raises
-    ------
-    SchemaError
-        Empty list, or fingerprints / fields differ.
-    """
-    if not batches:
-        raise SchemaError("concat_batches needs at least one batch")
-    if len(batches) == 1:
-        return batches[0]
-    first = batches[0]
-    for b in batches[1:]:
-        if b.fingerprint != first.fingerprint or list(b.categorical) != list(first.categorical):
-            raise SchemaError("cannot concatenate batches of different schemas")
-    numeric = np.concatenate([b.numeric for b in batches], axis=0)
-    cats: dict[str, Any] = {}
-    for name, col in first.categorical.items():
-        if isinstance(col, SparseBits):
-            cats[name] = SparseBits.concat([b.categorical[name] for b in batches])
-        else:
-            cats[name] = np.concatenate([np.asarray(b.categorical[name]) for b in batches])
-    return ReportBatch(first.fingerprint, numeric, cats)
 
 
 @dataclass
