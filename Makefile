@@ -32,6 +32,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.client $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.repro_zil $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.repro_uldp $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.efficiency $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.pipeline $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache
