@@ -69,6 +69,9 @@ class DemoOptions:
         Reports batched into one Kafka record.
     keep_running : bool
         Leave broker, workers and serve up after the report until Ctrl-C.
+    rate : float or None
+        Reports per second the producer publishes (paced, so estimates visibly converge);
+        ``None`` = as fast as possible.
     live : bool
         Show the live terminal view (rich); otherwise print one progress line now and then.
     timeout_s : float
@@ -83,6 +86,7 @@ class DemoOptions:
     partitions: int = 4
     reports_per_record: int = 1000
     keep_running: bool = False
+    rate: float | None = 10_000.0
     live: bool = True
     timeout_s: float = 540.0
     schema_path: Path = EXAMPLES / "flights.schema.toml"
@@ -95,6 +99,8 @@ class DemoOptions:
             raise ValueError(f"workers must be in [1, 16], got {self.workers}")
         if not self.workers <= self.partitions <= 64:
             raise ValueError(f"partitions must be in [workers={self.workers}, 64], got {self.partitions}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 reports/s (or 0 for unpaced), got {self.rate}")
         if not 1 <= self.reports_per_record <= 100_000:
             raise ValueError(f"reports_per_record must be in [1, 100000], got {self.reports_per_record}")
 
@@ -348,16 +354,26 @@ def _create_topics(config) -> None:
 
 
 def _produce(config, schema, prepared: _Prepared, opts: DemoOptions, progress: _Progress) -> None:
+    from ingest.batch import slice_batch
     from ingest.producer import ReportProducer
 
     try:
         producer = ReportProducer(config.kafka, config.topics.reports, schema,
                                   reports_per_record=opts.reports_per_record,
                                   partitions=config.topics.partitions, create_topic=False)
+        piece = max(opts.reports_per_record, int(opts.rate / 4)) if opts.rate else 20_000
+        t0, queued = time.monotonic(), 0
         try:
             for batch in prepared.batches:
-                producer.send(batch)
-                progress.produced = producer.reports_sent
+                for start in range(0, batch.n, piece):
+                    part = slice_batch(batch, start, min(start + piece, batch.n))
+                    producer.send(part)
+                    queued += part.n
+                    progress.produced = producer.reports_sent
+                    if opts.rate:
+                        ahead = queued / opts.rate - (time.monotonic() - t0)
+                        if ahead > 0:
+                            time.sleep(ahead)
             producer.flush()
             progress.produced = producer.reports_sent
         finally:
@@ -521,6 +537,8 @@ def write_outputs(out: Path, report: dict, history: list, truth: dict, schema, c
     """Write report.json, report.md and the PNG plots into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    (out / "history.json").write_text(json.dumps(
+        [{"t": round(t, 3), "estimates": est} for t, est in history], default=_json_default) + "\n")
     plots = []
     try:
         from aggregator import demo_plots

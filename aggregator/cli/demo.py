@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--partitions", type=int, default=4, help="partitions of the reports topic (default: 4)")
     p.add_argument("--reports-per-record", type=int, default=1000, metavar="B",
                    help="reports batched into one Kafka record (default: 1000)")
+    p.add_argument("--rate", type=float, default=10_000.0, metavar="R",
+                   help="reports per second to publish, paced so the estimates visibly converge "
+                        "(default: 10000; 0 = as fast as possible)")
     p.add_argument("--keep-running", action="store_true",
                    help="leave broker, workers and serve running after the report, until Ctrl-C")
     p.add_argument("--no-live", action="store_true",
@@ -42,6 +45,6 @@ def _run(args: argparse.Namespace) -> int:
 
     opts = DemoOptions(limit=args.limit, output_dir=args.output, workers=args.workers,
                        partitions=args.partitions, reports_per_record=args.reports_per_record,
-                       keep_running=args.keep_running,
+                       keep_running=args.keep_running, rate=args.rate or None,
                        live=not args.no_live and sys.stderr.isatty(), timeout_s=args.timeout)
     return run_demo(opts)
