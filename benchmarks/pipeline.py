@@ -210,9 +210,9 @@ def worker_process(ns) -> int:
 
     def process(partition, records):
         if info["first"] is None:  # fallback; normally set when the partitions are resumed
-            info["first"] = time.time()
+            info["first"], info["cpu_first"] = time.time(), time.process_time()
         out = inner_process(partition, records)
-        info["last"] = time.time()
+        info["last"], info["cpu_last"] = time.time(), time.process_time()
         info["partitions"].add(partition)
         while marks and w.processed_reports + out >= marks[0]:
             info["rss_kb"][marks.pop(0)] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
@@ -222,7 +222,8 @@ def worker_process(ns) -> int:
         if go is None or go.exists():
             inner_restore()
             if w.owned and info["first"] is None:
-                info["first"] = time.time()  # partitions restored and resumed: fetching starts now
+                # partitions restored and resumed: fetching starts now
+                info["first"], info["cpu_first"] = time.time(), time.process_time()
             if go is None and ready is not None and w.owned and not ready.exists():
                 ready.write_text("1")  # joined the group and owns its partitions
         elif ready is not None and len(w._pending) == ns.expect and not ready.exists():
@@ -276,14 +277,26 @@ def raw_consumer_process(ns) -> int:
         c.position(tp)  # connect and resolve the start offsets before timing
     Path(ns.ready).write_text("1")
     got, n_bytes = 0, 0
-    first = time.time()  # like the worker's start: partitions ready, first fetch not yet done
+    # like the worker's start: partitions ready, first fetch not yet done
+    first, cpu_first = time.time(), time.process_time()
     while got < ns.records:
         for recs in c.poll(timeout_ms=500).values():
             got += len(recs)
             n_bytes += sum(len(r.value) for r in recs)
-    last = time.time()
+    last, cpu_last = time.time(), time.process_time()
     c.close()
-    Path(ns.out).write_text(json.dumps({"first": first, "last": last, "records": got, "bytes": n_bytes}))
+    Path(ns.out).write_text(
+        json.dumps(
+            {
+                "first": first,
+                "last": last,
+                "cpu_first": cpu_first,
+                "cpu_last": cpu_last,
+                "records": got,
+                "bytes": n_bytes,
+            }
+        )
+    )
     return 0
 
 
@@ -395,6 +408,11 @@ def section_consume(tmp, bootstrap, pool, plan, profile_m: int | None) -> tuple[
                 prof_text = pf["prof"].read_text()
         raw_rate = n_records * m / (raw["last"] - raw["first"])
         w_rate = wk["reports"] / (wk["last"] - wk["first"])
+        cpu = {
+            "raw_reports_per_cpu_s": n_records * m / max(1e-9, raw["cpu_last"] - raw["cpu_first"]),
+            "worker_reports_per_cpu_s": wk["reports"] / max(1e-9, wk["cpu_last"] - wk["cpu_first"]),
+            "worker_cpu_share": (wk["cpu_last"] - wk["cpu_first"]) / (wk["last"] - wk["first"]),
+        }
         rows.append(
             {
                 "reports_per_record": m,
@@ -405,10 +423,12 @@ def section_consume(tmp, bootstrap, pool, plan, profile_m: int | None) -> tuple[
                 "raw_MB_per_s": raw["bytes"] / (raw["last"] - raw["first"]) / 1e6,
                 "worker_reports_per_s": w_rate,
                 "worker_vs_raw": w_rate / raw_rate,
+                **cpu,
             }
         )
         print(
-            f"  consume m={m}: raw {raw_rate:,.0f}/s worker {w_rate:,.0f}/s ({w_rate / raw_rate:.0%})",
+            f"  consume m={m}: raw {raw_rate:,.0f}/s worker {w_rate:,.0f}/s ({w_rate / raw_rate:.0%}); "
+            f"worker {cpu['worker_reports_per_cpu_s']:,.0f} reports/CPU-s",
             flush=True,
         )
     return rows, prof_text
@@ -871,6 +891,7 @@ def print_tables(r: dict) -> None:
                     "raw MB/s",
                     "worker /s",
                     "worker/raw",
+                    "worker /CPU-s",
                 ],
                 [
                     (
@@ -881,6 +902,7 @@ def print_tables(r: dict) -> None:
                         x["raw_MB_per_s"],
                         x["worker_reports_per_s"],
                         x["worker_vs_raw"],
+                        x.get("worker_reports_per_cpu_s", float("nan")),
                     )
                     for x in r["consume"]
                 ],
