@@ -221,6 +221,7 @@ class _Progress:
     lag: float = 0.0
     started: float = field(default_factory=time.monotonic)
     producer_done: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
     producer_error: str | None = None
     estimates: dict = field(default_factory=dict)
     history: list = field(default_factory=list)  # (t, {query: estimate dict})
@@ -259,10 +260,19 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                   f"{prepared.privatize_s:.1f} s "
                   f"({prepared.n_sent / max(prepared.privatize_s, 1e-9):,.0f} reports/s)")
 
+    template = PipelineConfig.load(opts.pipeline_path)
+    truth: dict = {}  # filled in the background while the broker and workers start
+
+    def _truth() -> None:
+        truth.update(compute_truth(template, schema, prepared.raw))
+
+    truth_thread = threading.Thread(target=_truth, name="demo-truth", daemon=True)
+    truth_thread.start()
+
     children: list[_Child] = []
     progress = _Progress()
-    interrupted = False
-    final: dict = {}
+    producer_thread: threading.Thread | None = None
+    report: dict | None = None
     broker = EmbeddedBroker(startup_timeout=30.0)
     try:
         broker.start()
@@ -288,17 +298,17 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                                            name="demo-producer", daemon=True)
         progress.started = time.monotonic()
         producer_thread.start()
-        truth = compute_truth(config, schema, prepared.raw)
         _watch(progress, prepared.n_sent, workers, serve, children, opts, truth, console)
         producer_thread.join(timeout=30)
         if progress.producer_error:
             raise DemoError(f"producer failed: {progress.producer_error}")
         # workers checkpoint every second; serve shows every report once the last one landed
         final = _wait_final(serve_url, prepared.n_sent, timeout=60) or progress.estimates
-        elapsed = time.monotonic() - progress.started
-        report = build_report(config, schema, final, truth, progress, prepared, elapsed,
+        truth_thread.join()
+        report = build_report(template, schema, final, truth, progress, prepared,
+                              time.monotonic() - progress.started,
                               total_s=time.monotonic() - t_start, opts=opts)
-        write_outputs(out, report, progress.history, truth, schema, config)
+        write_outputs(out, report, progress.history, truth, schema)
         _print_summary(console, report, out)
         if opts.keep_running:
             console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · privacy "
@@ -309,21 +319,26 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                 time.sleep(1)
         return 0 if report["summary"]["coverage"] is not None else 1
     except KeyboardInterrupt:
-        interrupted = True
+        if report is not None:  # --keep-running: the report is already written
+            console.print("stopping every process …")
+            return 0
         console.print("[yellow]interrupted[/]: stopping every process, writing the partial report …")
         return 130
     finally:
+        progress.stop.set()
+        if producer_thread is not None:
+            producer_thread.join(timeout=15)
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the broker goes away next
         for c in reversed(children):
             _stop_child(c, timeout=10)
         broker.stop()
-        if interrupted and not final and progress.estimates:
-            with contextlib.suppress(Exception):
-                truth = compute_truth(PipelineConfig.load(out / "pipeline.toml"), schema, prepared.raw)
-                report = build_report(PipelineConfig.load(out / "pipeline.toml"), schema,
-                                      progress.estimates, truth, progress, prepared,
-                                      time.monotonic() - progress.started,
-                                      total_s=time.monotonic() - t_start, opts=opts, partial=True)
-                write_outputs(out, report, progress.history, truth, schema, None)
+        if report is None and progress.history:
+            truth_thread.join(timeout=30)
+            partial = build_report(template, schema, progress.estimates, truth, progress, prepared,
+                                   time.monotonic() - progress.started,
+                                   total_s=time.monotonic() - t_start, opts=opts, partial=True)
+            write_outputs(out, partial, progress.history, truth, schema)
+            console.print(f"partial report: {out / 'report.md'}")
 
 
 def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple[Path, dict]:
@@ -366,18 +381,24 @@ def _produce(config, schema, prepared: _Prepared, opts: DemoOptions, progress: _
         try:
             for batch in prepared.batches:
                 for start in range(0, batch.n, piece):
+                    if progress.stop.is_set():
+                        return
                     part = slice_batch(batch, start, min(start + piece, batch.n))
                     producer.send(part)
                     queued += part.n
                     progress.produced = producer.reports_sent
                     if opts.rate:
                         ahead = queued / opts.rate - (time.monotonic() - t0)
-                        if ahead > 0:
-                            time.sleep(ahead)
+                        if ahead > 0 and progress.stop.wait(ahead):
+                            return
             producer.flush()
             progress.produced = producer.reports_sent
         finally:
-            producer.close()
+            if progress.stop.is_set():
+                with contextlib.suppress(Exception):
+                    producer.close(timeout=2.0)
+            else:
+                producer.close()
         progress.produced = producer.reports_sent
     except Exception as exc:  # surfaced by the main thread
         log.exception("demo producer failed")
@@ -429,8 +450,9 @@ def _estimates_by_query(payload) -> dict:
     if isinstance(payload, dict) and "estimates" in payload:
         payload = payload["estimates"]
     if isinstance(payload, list):
-        return {e["query"]: e for e in payload}
-    return dict(payload or {})
+        payload = {e["query"]: e for e in payload}
+    # entries without params are "not enough data yet" ({"query", "n", "error"})
+    return {k: e for k, e in dict(payload or {}).items() if isinstance(e, dict) and "params" in e}
 
 
 def _watch(progress, n_total, workers, serve, children, opts, truth, console) -> None:
@@ -506,7 +528,8 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
 
             tv = t.get(p)
             lo, hi = at("ci_low"), at("ci_high")
-            covered = None if tv is None or lo is None or hi is None else bool(lo <= tv <= hi)
+            # a partial run's estimates cover a prefix of the flights, the truth all of them
+            covered = None if partial or tv is None or lo is None or hi is None else bool(lo <= tv <= hi)
             rows.append({"query": q.name, "kind": q.kind, "param": p, "estimate": at("value"),
                          "stderr": at("stderr"), "ci_low": lo, "ci_high": hi, "level": e.get("level"),
                          "n": e.get("n"), "estimator": e.get("estimator"),
@@ -533,7 +556,7 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
     }
 
 
-def write_outputs(out: Path, report: dict, history: list, truth: dict, schema, config) -> None:
+def write_outputs(out: Path, report: dict, history: list, truth: dict, schema) -> None:
     """Write report.json, report.md and the PNG plots into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
