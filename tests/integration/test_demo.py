@@ -81,3 +81,43 @@ def test_every_started_process_is_gone(demo_run):
     assert _port_free(int(cfg["serve"]["port"])), "serve still listens"
     left = subprocess.run(["pgrep", "-f", str(out / "pipeline.toml")], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"stray processes: {left.stdout}"
+
+
+def test_ctrl_c_stops_everything_and_writes_partial_report(tmp_path):
+    """SIGINT mid-stream: exit 130, a partial report.json, and no process left behind."""
+    import signal
+    import time
+
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aggregator.cli", "demo", "--limit", "20000", "--rate", "1000",
+         "--no-live", "--output", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 180
+        history = out / "history.json"
+        # wait until the workers report and serve has merged something, then interrupt
+        while time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+            if line.startswith("produced ") and not line.startswith("produced 0 "):
+                break
+        assert proc.poll() is None, "demo ended before it could be interrupted"
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    report = json.loads((out / "report.json").read_text())
+    assert report["partial"] is True
+    assert 0 < report["run"]["reports_processed"] < 20000
+    assert history.is_file()
+    cfg = tomllib.loads((out / "pipeline.toml").read_text())
+    port = int(cfg["kafka"]["bootstrap_servers"].rsplit(":", 1)[1])
+    assert _port_free(port), "the embedded broker still listens"
+    left = subprocess.run(["pgrep", "-f", str(out / "pipeline.toml")], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"stray processes: {left.stdout}"
