@@ -580,6 +580,56 @@ def section_memory(tmp, bootstrap, pool, marks: list[int]) -> dict:
     return res
 
 
+def section_breakdown(pool, m: int = 1000, n_records: int = 100) -> list[dict]:
+    """Where a worker's time goes, in process (no broker): decode, doubling and each query's
+    ``update`` on ``n_records`` encoded records of ``m`` reports (CPU seconds per 10⁶ reports)."""
+    from aggregator.worker import PipelineRuntime
+
+    tmp = Path(tempfile.mkdtemp(prefix="ldp-bench-bd-"))
+    cfg = load_config(write_pipeline(tmp, "127.0.0.1:9", "bd"))
+    rt = PipelineRuntime.from_config(cfg)
+    values = encoded_records(pool, m, n_records)
+    states = rt.new_states()
+    cost = {"decode": 0.0, "doubling": 0.0, **{name: 0.0 for name in states}}
+    for v in values:
+        t = time.process_time()
+        b = rt.decode(v)
+        cost["decode"] += time.process_time() - t
+        t = time.process_time()
+        x2 = rt.double(b, v)
+        cost["doubling"] += time.process_time() - t
+        for name, st in states.items():
+            t = time.process_time()
+            st.update(b, x2)
+            cost[name] += time.process_time() - t
+    n = m * n_records
+    total = sum(cost.values())
+    rows = [
+        {
+            "step": k,
+            "kind": getattr(rt.queries.get(k), "kind", ""),
+            "cpu_s_per_1e6_reports": c / n * 1e6,
+            "share": c / total,
+            "reports_per_cpu_s_alone": n / c if c else float("inf"),
+        }
+        for k, c in cost.items()
+    ]
+    rows.append(
+        {
+            "step": "total",
+            "kind": "",
+            "cpu_s_per_1e6_reports": total / n * 1e6,
+            "share": 1.0,
+            "reports_per_cpu_s_alone": n / total,
+        }
+    )
+    for r in rows:
+        print(
+            f"  {r['step']:>24}: {r['cpu_s_per_1e6_reports']:.2f} CPU-s per 10^6 reports ({r['share']:.0%})"
+        )
+    return rows
+
+
 def section_latency(
     tmp,
     bootstrap,
@@ -776,7 +826,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run, ~2 min)")
-    ap.add_argument("--sections", default="produce,consume,e2e,scale,memory,latency")
+    ap.add_argument("--sections", default="produce,consume,e2e,scale,memory,breakdown,latency")
     ap.add_argument("--max-reports-memory", type=int, default=10_000_000)
     ap.add_argument("--profile-m", type=int, default=1000, help="cProfile the worker at this record size")
     ap.add_argument(
@@ -804,7 +854,7 @@ def main(argv=None) -> int:
     prev = Path(ROOT / "benchmarks" / "results" / "pipeline.json")
     if args.merge and prev.exists():
         old = json.loads(prev.read_text())
-        for k in ("produce", "consume", "e2e", "scale", "memory", "latency", "profile_top"):
+        for k in ("produce", "consume", "e2e", "scale", "memory", "latency", "profile_top", "breakdown"):
             if k in old and k not in sections:
                 results[k] = old[k]
     tmp = Path(tempfile.mkdtemp(prefix="ldp-bench-"))
@@ -839,6 +889,9 @@ def main(argv=None) -> int:
             print("memory", flush=True)
             marks = [10_000, 100_000, 1_000_000] if q else [100_000, 1_000_000, args.max_reports_memory]
             results["memory"] = section_memory(tmp, boot, pool, marks)
+        if "breakdown" in sections:
+            print("breakdown", flush=True)
+            results["breakdown"] = section_breakdown(pool, 1000, 20 if q else 100)
         if "latency" in sections:
             print("latency", flush=True)
             results["latency"] = section_latency(tmp, boot, pool, 1e4, 5.0 if q else 30.0)
@@ -950,6 +1003,23 @@ def print_tables(r: dict) -> None:
                 ["after reports", "RSS MiB", "peak RSS (VmHWM) MiB"],
                 [(k, v["rss"] / 1024, v["hwm"] / 1024) for k, v in mem.items()],
                 "worker memory",
+            )
+        )
+    if r.get("breakdown"):
+        print(
+            table(
+                ["step", "kind", "CPU s per 10⁶ reports", "share", "reports/CPU-s alone"],
+                [
+                    (
+                        x["step"],
+                        x["kind"],
+                        x["cpu_s_per_1e6_reports"],
+                        x["share"],
+                        x["reports_per_cpu_s_alone"],
+                    )
+                    for x in r["breakdown"]
+                ],
+                "worker CPU breakdown, in process, 1000 reports/record",
             )
         )
     if r.get("latency"):
