@@ -80,8 +80,18 @@ class SGDOptions(_Frozen):
     batch_size : int
         Reports per SGD step, 1 … 65536.
     burn_in : int
-        Number of initial SGD steps excluded from the average (≥ 0; default 100): the
-        transient from θ = 0 otherwise biases the Polyak–Ruppert average.
+        Number of initial SGD steps excluded from the average and from the one-step sums
+        (≥ 0; default 100): the transient from θ = 0 otherwise biases the Polyak–Ruppert
+        average and the linearization of the estimating equation.
+    ci : {"auto", "plugin", "random_scaling"}
+        How the estimate and its interval are formed (``aggregator.state.sgd``). ``"plugin"``:
+        one Newton step of the estimating equation linearized along the SGD iterates,
+        ``θ̂ = H⁻¹(Σ H_i θ_t − Σ g_i)``, with the plug-in sandwich ``H⁻¹ Ŝ H⁻ᵀ`` — every sum merges
+        exactly by addition across partitions. ``"random_scaling"``: the Polyak–Ruppert average
+        with random-scaling intervals (Lee, Liao, Seo & Shin 2022); partitions combine by
+        inverse-variance weighting. ``"auto"`` (default): plugin for losses with a continuous
+        θ-gradient (logistic, smooth custom losses), random scaling for kinked ones (quantile
+        regression, check, hinge: their one-step linearization failed on the flights demo).
 
     Raises
     ------
@@ -93,6 +103,7 @@ class SGDOptions(_Frozen):
     step_power: float = Field(default=0.55, gt=0.5, lt=1.0)
     batch_size: int = Field(default=64, ge=1, le=65536)
     burn_in: int = Field(default=100, ge=0)
+    ci: Literal["auto", "plugin", "random_scaling"] = "auto"
 
 
 class _QueryBase(_Frozen):

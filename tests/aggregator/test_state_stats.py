@@ -132,6 +132,8 @@ POP_Q = _population_quantiles()
 
 LOGIT_Q = {"kind": "logistic_regression", "name": "lg", "covariates": ["a"], "label": "b", "threshold": -1.5}
 MEDIAN_Q = {"kind": "quantile_regression", "name": "qr", "covariates": ["a"], "response": "b", "tau": 0.5}
+# kinked loss: the one-step estimate is opt-in (ci="auto" → random scaling), tested explicitly
+MEDIAN_PLUGIN_Q = {**MEDIAN_Q, "name": "qrp"}
 
 
 @pytest.mark.parametrize(
@@ -139,8 +141,10 @@ MEDIAN_Q = {"kind": "quantile_regression", "name": "qr", "covariates": ["a"], "r
     [
         (LOGIT_Q, LogisticLoss(noised=(0,), covariates=(0,), label=lambda u: (u[:, 1] > -1.5).astype(float))),
         (MEDIAN_Q, QuantileRegressionLoss(tau=0.5, noised=(0, 1), covariates=(0,))),
+        ({**MEDIAN_Q, "sgd": {"ci": "plugin"}},
+         QuantileRegressionLoss(tau=0.5, noised=(0, 1), covariates=(0,))),
     ],
-    ids=["logistic", "median"],
+    ids=["logistic", "median", "median-plugin"],
 )
 def test_online_sgd_agrees_with_batch_dr_fit(qd, loss, big):
     batch, x2, _ = big
@@ -149,23 +153,141 @@ def test_online_sgd_agrees_with_batch_dr_fit(qd, loss, big):
     assert np.all(np.abs(e.value - ref.theta) < ref.stderr), ((e.value - ref.theta) / ref.stderr)
 
 
-@pytest.mark.parametrize(("qd", "truth"), [(LOGIT_Q, LOGIT_TRUTH), (MEDIAN_Q, MEDIAN_TRUTH)],
-                         ids=["logistic", "median"])
-def test_online_sgd_random_scaling_coverage(qd, truth):
-    """95 % random-scaling intervals over 150 streams of 2·10⁴ reports.
+PLAIN_Q = {"kind": "logistic_regression", "name": "lp", "covariates": ["a"], "label": "y"}
+# y ~ Bernoulli(sigmoid(-1 + 0.3 a)), the 0/1 label itself noised (enters the loss linearly)
+PLAIN_TRUTH = np.array([-1.0, 0.3])
+SGD_OPTS = {"batch_size": 64, "burn_in": 30, "ci": "plugin"}
+COVER_N = 10_000
+COVER_REPS = 300
 
-    Measured coverage here is 85–90 % (finite-sample undercoverage of random scaling with these
-    heavy-tailed DR gradients; ~310 SGD steps per stream), short of the 90–99 % target — the
-    bound below (> 75 %, pooled over both coefficients) documents the measured behaviour and
-    still fails for a broken interval (e.g. 50 % before the design was centred).
+
+def _partitions(batch, x2, k):
+    """Split a batch (and x2) into ``k`` contiguous partitions."""
+    out = []
+    for rows in np.array_split(np.arange(batch.n), k):
+        cat = {c: (v.take(rows) if hasattr(v, "take") else v[rows]) for c, v in batch.categorical.items()}
+        out.append((type(batch)(batch.fingerprint, batch.numeric[rows], cat), x2[rows]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("qd", "truth", "merged"),
+    [(LOGIT_Q, LOGIT_TRUTH, False), (PLAIN_Q, PLAIN_TRUTH, False), (MEDIAN_PLUGIN_Q, MEDIAN_TRUTH, False),
+     (MEDIAN_PLUGIN_Q, MEDIAN_TRUTH, True)],
+    ids=["logistic-threshold", "logistic-plain", "median", "median-4-partitions"],
+)
+def test_online_one_step_coverage(qd, truth, merged):
+    """95 % plug-in intervals of the one-step estimate cover the truth in 90–99 % of streams.
+
+    300 streams of 10⁴ reports in one pass, or 200 streams of 2·10⁴ reports in 4 partitions of
+    5000 merged (each partition loses its own burn-in). Coverage is pooled
+    over the two coefficients (their hits are positively correlated, so the binomial SE below
+    is an upper bound for a pooled count of independent-ish pairs). At a true coverage of
+    0.95 the SE of one coordinate's rate is sqrt(.95·.05/300) = 1.26 %: the band 90–99 % is
+    4.0 SE below and 3.2 SE above; for the pooled mean of two coordinates (correlation ≲ 0.5)
+    the SE is ≤ 1.1 % → 4.6 SE below and 3.7 SE above, i.e. a correct implementation fails
+    with probability < 2·10⁻⁴ (200 merged streams: 3.9 SE below, 3.1 SE above, < 10⁻³; the
+    seeds are fixed, so the outcome is reproducible). Measured
+    (see the commit message / report): thresholded logistic 0.94–0.96, plain 0.94–0.95,
+    median 0.945–0.96.
     """
-    reps = 150
     hits = np.zeros(2)
-    q = {**qd, "sgd": {"batch_size": 64, "burn_in": 30}}
+    z = []
+    q = {**qd, "sgd": SGD_OPTS}
+    reps, n = (200, 2 * COVER_N) if merged else (COVER_REPS, COVER_N)
     for seed in range(reps):
-        batch, x2, _ = make_batch(SCHEMA, 20_000, np.random.default_rng(50_000 + seed))
-        e = build_state(q, SCHEMA).update(batch, x2).estimate()
+        batch, x2, _ = make_batch(SCHEMA, n, np.random.default_rng(60_000 + seed))
+        if merged:
+            parts = [build_state(q, SCHEMA).update(b, xx) for b, xx in _partitions(batch, x2, 4)]
+            st = parts[0]
+            for other in parts[1:]:
+                st.merge(other)
+        else:
+            st = build_state(q, SCHEMA).update(batch, x2)
+        e = st.estimate()
         hits += (e.ci_low <= truth) & (truth <= e.ci_high)
+        z.append((e.value - truth) / e.stderr)
     cover = hits / reps
-    print(f"coverage {qd['kind']}: {cover}")
-    assert 0.75 < cover.mean() < 0.99, cover
+    z = np.asarray(z)
+    print(f"coverage {qd['name']} merged={merged}: {cover}, mean z {z.mean(axis=0)}, sd z {z.std(axis=0)}")
+    assert 0.90 < cover.mean() < 0.99, cover
+    assert np.all(cover > 0.88), cover  # neither coefficient alone far below nominal
+
+
+def test_merged_partitions_equal_pooled_sums_and_estimate():
+    """4 partition states merged: the one-step sums are exactly the sums of the partitions',
+    and the merged estimate is the one-step estimate solved from those pooled sums."""
+    batch, x2, _ = make_batch(SCHEMA, 40_000, np.random.default_rng(77))
+    q = {**MEDIAN_Q, "sgd": SGD_OPTS}
+    parts = [build_state(q, SCHEMA).update(b, xx) for b, xx in _partitions(batch, x2, 4)]
+    keys = ("os_m", "os_g", "os_s", "os_h", "os_ht", "os_t1", "os_t2", "os_nb")
+    pooled = {k: getattr(parts[0], k) for k in keys}
+    for p_ in parts[1:]:
+        pooled = {k: pooled[k] + getattr(p_, k) for k in keys}
+    merged = parts[0].copy()
+    for p_ in parts[1:]:
+        merged = merged + p_
+    for k in keys:
+        assert np.array_equal(getattr(merged, k), pooled[k]), k
+    # every partition skips its own burn-in (30 steps of 64) and buffers < 64 reports
+    assert merged.os_m == sum(p_.os_m for p_ in parts) >= batch.n - 4 * 31 * 64
+    # the pooled one-step estimate, solved independently
+    k = merged._rung()
+    H = 0.5 * (pooled["os_h"][k] + pooled["os_h"][k].T)
+    theta = np.linalg.solve(H, pooled["os_ht"][k] - pooled["os_g"])
+    Sc = pooled["os_s"] - np.outer(pooled["os_g"], pooled["os_g"]) / pooled["os_m"]
+    Hi = np.linalg.inv(H)
+    cov = Hi @ Sc @ Hi.T
+    e = merged.estimate()
+    np.testing.assert_allclose(e.value, merged.M @ theta + merged.a, rtol=1e-10)
+    np.testing.assert_allclose(e.stderr, np.sqrt(np.diag(merged.M @ cov @ merged.M.T)), rtol=1e-10)
+    # ... and the state survives serialization with its sums
+    back = type(merged).from_bytes(merged.to_bytes(), merged.query, SCHEMA)
+    for key in keys:
+        assert np.array_equal(getattr(back, key), getattr(merged, key)), key
+    assert back.estimate() == e
+    # merged estimate vs one pass over the same reports: the merged sums miss 3 more burn-ins
+    # (nested data, so the SD of the difference is ≈ sqrt(se_merged² − se_one²)), other iterates
+    e1 = build_state(q, SCHEMA).update(batch, x2).estimate()
+    sd_diff = np.sqrt(np.maximum(e.stderr**2 - e1.stderr**2, 0.0))
+    assert np.all(np.abs(e1.value - e.value) < 4 * sd_diff + 0.1 * e.stderr), (e1, e)
+
+
+def test_random_scaling_remains_available():
+    batch, x2, _ = make_batch(SCHEMA, 20_000, np.random.default_rng(78))
+    rs = build_state({**LOGIT_Q, "sgd": {**SGD_OPTS, "ci": "random_scaling"}}, SCHEMA).update(batch, x2)
+    pl = build_state({**LOGIT_Q, "sgd": SGD_OPTS}, SCHEMA).update(batch, x2)
+    assert rs.os_m == 0 and not rs.plugin and pl.plugin
+    e_rs = rs.estimate()
+    assert e_rs == pl._rs_estimate()
+    # random-scaling half-width is 6.747·sqrt(V/s) (not 1.96·SE of a Wald interval)
+    _theta, V, s = rs._own_summary()
+    half = 6.747 * np.sqrt(np.diag(rs.M @ V @ rs.M.T) / s)
+    np.testing.assert_allclose(e_rs.ci_high - e_rs.value, half, rtol=1e-10)
+
+
+def test_quantile_bandwidth_follows_the_rule():
+    """Kinked loss: the narrowest rung whose Hessian trace has relative SE <= REL_NOISE; it
+    shrinks as reports accumulate; smooth losses use the analytic Hessian (one rung)."""
+    from aggregator.state.sgd import REL_NOISE
+
+    batch, x2, _ = make_batch(SCHEMA, 40_000, np.random.default_rng(79))
+    st = build_state({**MEDIAN_Q, "sgd": SGD_OPTS}, SCHEMA)
+    hs = []
+    for b, xx in _partitions(batch, x2, 4):
+        st.update(b, xx)
+        rel = np.sqrt(st.os_t2 - st.os_t1**2 / st.os_nb) / st.os_t1
+        k = st._rung()
+        assert rel[k] <= REL_NOISE and (k == st.bw.size - 1 or rel[k + 1] > REL_NOISE), rel
+        hs.append(st.bandwidth())
+    assert hs[-1] < hs[0]
+    lg = build_state({**LOGIT_Q, "sgd": SGD_OPTS}, SCHEMA).update(batch, x2)
+    assert lg.hmode == "analytic" and lg.bandwidth() == 1.0
+
+
+def test_default_ci_by_loss_kind():
+    """ci="auto": one-step for smooth θ-gradients, random scaling for kinked losses."""
+    assert build_state(LOGIT_Q, SCHEMA).ci == "plugin"
+    assert build_state(PLAIN_Q, SCHEMA).ci == "plugin"
+    assert build_state(MEDIAN_Q, SCHEMA).ci == "random_scaling"
+    assert build_state({**MEDIAN_Q, "sgd": {"ci": "plugin"}}, SCHEMA).plugin
