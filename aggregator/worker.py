@@ -297,7 +297,8 @@ class Worker:
     checkpoint_reports : int
         … or after this many reports (≥ 1) since the last checkpoint.
     max_record_bytes : int
-        Records larger than this are dead-lettered with reason ``"oversized"`` (≥ 1 byte).
+        Records larger than this are dead-lettered with reason ``"oversized"`` (≥ 1 byte); the
+        dead-letter copy is their first ``max_record_bytes`` bytes with header ``truncated_from``.
     coalesce : bool
         Concatenate the decoded batches of one poll and partition into one update (fast). With
         ``False`` every record is its own update, which makes the float sums independent of poll
@@ -504,7 +505,13 @@ class Worker:
         headers = [("reason", reason.encode()), ("source_topic", rec.topic.encode()),
                    ("source_partition", str(rec.partition).encode()),
                    ("source_offset", str(rec.offset).encode())]
-        self._producer.send(self.dead_letter_topic, key=rec.key, value=rec.value or b"", headers=headers)
+        value = rec.value or b""
+        if len(value) > self.max_record_bytes:
+            # an oversized record would exceed the producer's max_request_size and crash the worker
+            # on every restart: dead-letter its first max_record_bytes bytes and the original size
+            headers.append(("truncated_from", str(len(value)).encode()))
+            value = value[:self.max_record_bytes]
+        self._producer.send(self.dead_letter_topic, key=rec.key, value=value, headers=headers)
         self.metrics.dead_lettered.labels(reason=reason).inc()
         log.warning("record %s/%d@%d dead-lettered: %s", rec.topic, rec.partition, rec.offset, reason)
 
