@@ -857,6 +857,11 @@ def main(argv=None) -> int:
         for k in ("produce", "consume", "e2e", "scale", "memory", "latency", "profile_top", "breakdown"):
             if k in old and k not in sections:
                 results[k] = old[k]
+        results["merged_from_previous_run"] = {
+            "machine_start": old.get("machine_start"),
+            "machine_end": old.get("machine_end"),
+            "sections_kept": [k for k in old if k not in sections],
+        }
     tmp = Path(tempfile.mkdtemp(prefix="ldp-bench-"))
     with EmbeddedBroker() as b:
         boot = b.bootstrap_servers
