@@ -66,9 +66,15 @@ def write_pipeline(
     checkpoint_reports: int = 1_000_000,
     serve_port: int = 0,
     refresh_s: float = 2.0,
+    drop_kinds: tuple[str, ...] = (),
 ) -> Path:
-    """Copy of ``examples/flights.pipeline.toml`` with unique topics/group and the given settings."""
+    """Copy of ``examples/flights.pipeline.toml`` with unique topics/group and the given settings;
+    queries whose ``kind`` is in ``drop_kinds`` are left out."""
     text = EXAMPLE.read_text()
+    if drop_kinds:
+        head, *blocks = text.split("[[queries]]")
+        keep = [b for b in blocks if not any(f'kind = "{k}"' in b for k in drop_kinds)]
+        text = head + "".join("[[queries]]" + b for b in keep)
     subs = [
         (r'schema = "flights.schema.toml"', f'schema = "{SCHEMA}"'),
         (r'bootstrap_servers = "[^"]*"', f'bootstrap_servers = "{bootstrap}"'),
@@ -358,13 +364,15 @@ def _run_worker(
     return spawn(args, files["log"]), files
 
 
-def section_consume(tmp, bootstrap, pool, plan, profile_m: int | None) -> tuple[list[dict], str | None]:
+def section_consume(
+    tmp, bootstrap, pool, plan, profile_m: int | None, drop_kinds: tuple[str, ...] = ()
+) -> tuple[list[dict], str | None]:
     from aggregator.worker import ensure_topics
 
     rows, prof_text = [], None
     for m, n_records in plan:
         tag = f"c{m}-{time.monotonic_ns()}"
-        cfg_path = write_pipeline(tmp, bootstrap, tag)
+        cfg_path = write_pipeline(tmp, bootstrap, tag, drop_kinds=drop_kinds)
         cfg = load_config(cfg_path)
         ensure_topics(cfg)
         values = encoded_records(pool, m, min(n_records, 200))
@@ -826,7 +834,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run, ~2 min)")
-    ap.add_argument("--sections", default="produce,consume,e2e,scale,memory,breakdown,latency")
+    ap.add_argument("--sections", default="produce,consume,consume_no_sgd,e2e,scale,memory,breakdown,latency")
     ap.add_argument("--max-reports-memory", type=int, default=10_000_000)
     ap.add_argument("--profile-m", type=int, default=1000, help="cProfile the worker at this record size")
     ap.add_argument(
@@ -854,7 +862,17 @@ def main(argv=None) -> int:
     prev = Path(ROOT / "benchmarks" / "results" / "pipeline.json")
     if args.merge and prev.exists():
         old = json.loads(prev.read_text())
-        for k in ("produce", "consume", "e2e", "scale", "memory", "latency", "profile_top", "breakdown"):
+        for k in (
+            "produce",
+            "consume",
+            "e2e",
+            "scale",
+            "memory",
+            "latency",
+            "profile_top",
+            "breakdown",
+            "consume_no_sgd",
+        ):
             if k in old and k not in sections:
                 results[k] = old[k]
         results["merged_from_previous_run"] = {
@@ -879,6 +897,12 @@ def main(argv=None) -> int:
             results["consume"], prof = section_consume(tmp, boot, pool, plan, None if q else args.profile_m)
             if prof:
                 results["profile_top"] = prof
+        if "consume_no_sgd" in sections:
+            print("consume_no_sgd (closed-form and count queries only)", flush=True)
+            plan = [(1, 2000), (100, 200), (1000, 50)] if q else [(1, 20_000), (100, 4000), (1000, 1000)]
+            results["consume_no_sgd"], _ = section_consume(
+                tmp, boot, pool, plan, None, drop_kinds=("logistic_regression", "quantile_regression")
+            )
         if "e2e" in sections:
             print("e2e", flush=True)
             plan = (
@@ -965,6 +989,24 @@ def print_tables(r: dict) -> None:
                     for x in r["consume"]
                 ],
                 "consume (reports/s)",
+            )
+        )
+    if r.get("consume_no_sgd"):
+        print(
+            table(
+                ["reports/record", "reports", "raw consume /s", "worker /s", "worker/raw", "worker /CPU-s"],
+                [
+                    (
+                        x["reports_per_record"],
+                        x["reports"],
+                        x["raw_reports_per_s"],
+                        x["worker_reports_per_s"],
+                        x["worker_vs_raw"],
+                        x.get("worker_reports_per_cpu_s", float("nan")),
+                    )
+                    for x in r["consume_no_sgd"]
+                ],
+                "consume, pipeline without the two SGD queries (5 queries)",
             )
         )
     if r.get("e2e"):

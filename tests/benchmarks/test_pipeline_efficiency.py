@@ -56,3 +56,11 @@ def test_write_pipeline_refuses_an_unknown_pattern(tmp_path, monkeypatch, bad):
     (tmp_path / "x.toml").write_text(bad)
     with pytest.raises(RuntimeError, match="not found"):
         pipeline.write_pipeline(tmp_path, "127.0.0.1:1", "t")
+
+
+def test_write_pipeline_can_drop_query_kinds(tmp_path):
+    path = pipeline.write_pipeline(tmp_path, "127.0.0.1:1", "t2",
+                                   drop_kinds=("logistic_regression", "quantile_regression"))
+    kinds = [q.kind for q in pipeline.load_config(path).queries]
+    assert len(kinds) == 5
+    assert "logistic_regression" not in kinds and "quantile_regression" not in kinds
