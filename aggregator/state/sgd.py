@@ -1,6 +1,24 @@
-"""Online averaged SGD on a corrected gradient, with random-scaling confidence intervals.
+"""Online averaged SGD on a corrected gradient, with one-step (plug-in) or random-scaling CIs.
 
 Serves ``logistic_regression``, ``quantile_regression`` and ``custom`` queries (DESIGN §5).
+
+One-step estimate (``sgd.ci = "plugin"``; the default for losses with a continuous θ-gradient):
+after ``burn_in`` steps, every mini-batch adds exact sums at an anchor ``a_t`` — the running
+Polyak average ``θ̄_{t−1}`` (the iterate for the first accumulated batch) — of the corrected
+gradient ``G = Σ g_i(a_t)`` (q), the corrected θ-Hessian ``H = Σ H_i(a_t)`` (q×q),
+``Hθ = Σ H_i(a_t) a_t`` (q), ``S = Σ g_i g_iᵀ`` (q×q) and the count ``m``. ``H_i`` is the DR
+combination ``[H(x₁) − (1−δ)H(x₂)]/δ`` (unbiased for ``E ∇²θ ℓ(X, θ)`` for every method, DESIGN
+§2) of the analytic Hessian (``Loss.mean_hessian_theta``), of a central difference of the
+corrected gradient (smooth custom losses without one), or of a Gaussian-kernel smoothed Hessian
+(kinked losses) kept for a ladder of bandwidths ``2^(−k/2)`` and chosen at estimate time
+(:meth:`SGDState.bandwidth`). The estimate solves the linearized estimating equation
+``G + Hθ − Hθ_sum = 0``: ``θ̂ = H⁻¹(Hθ − G)`` with the plug-in sandwich
+``Cov = H⁻¹ (S − G Gᵀ/m) H⁻ᵀ`` (DESIGN §2's ``V⁻¹AV⁻¹/n``), Wald intervals ``θ̂ ± z·SE``. All
+sums merge **exactly** by addition, so merged partitions give the pooled one-step estimate.
+Anchoring at the average rather than the iterate shrinks the second-order remainder (measured
+bias of the thresholded-logistic intercept at n = 2·10⁴: 0.43 → 0.33 SE; a truth-anchored run:
+0.07 SE, the batch DR fit: 0.10 SE). Kinked losses default to random scaling: on the flights
+demo their linearization (anchor not within the sharp residual scale of θ̂) was off by 3–5 SE.
 
 Algorithm (Polyak–Ruppert averaged SGD; Lee, Liao, Seo & Shin 2022, "Fast and robust online
 inference with stochastic gradient descent via random scaling", AAAI):
@@ -22,12 +40,14 @@ Estimates are mapped back to original units
 (``β = M θ + a``, covariance ``M V̂ Mᵀ``). Custom losses run in original units with
 ``σ_j² = (λ·range_j)²``.
 
-Merging partitions: a state keeps the summaries ``(θ̄, V̂, s, n)`` of the runs merged into it
-and combines them with its own by per-coordinate inverse-variance weighting
+Merging partitions (random scaling): a state keeps the summaries ``(θ̄, V̂, s, n)`` of the runs
+merged into it and combines them with its own by per-coordinate inverse-variance weighting
 ``θ = Σ_k w_k θ_k / Σ_k w_k``, ``w_k = s_k / V̂_k,jj``, with the interval ``θ ± c·(Σ w_k)^(−1/2)``
 (an approximation: each component is a random-scaling t-ratio, the combination is not exactly).
-Unlike sufficient statistics, an SGD merge is **not** bit-identical to (nor statistically the
-same as) one pass over all reports; it agrees to within sampling error.
+Unlike sufficient statistics, the random-scaling merge is **not** statistically the same as one
+pass over all reports; it agrees to within sampling error. (The one-step sums always merge
+exactly; a one-pass state differs from merged partitions only through its other anchors and
+its single burn-in.)
 """
 
 from __future__ import annotations
@@ -100,7 +120,7 @@ def _noised_label_logistic():
 
 
 class SGDState(State):
-    """Averaged SGD with random-scaling CIs on the DR/SDR corrected gradient.
+    """Averaged SGD on the DR/SDR corrected gradient with one-step or random-scaling CIs.
 
     Parameters
     ----------
