@@ -808,7 +808,9 @@ class _IndexLoss(Loss):
         u = k[:, None] / h
         w = np.exp(-0.5 * u * u) / (h * _SQRT_2PI)  # (n, K)
         z = self._design(x)
-        return np.einsum("nk,ni,nj->kij", w, z, z, optimize=True) / x.shape[0]
+        n, q = z.shape
+        zz = (z[:, :, None] * z[:, None, :]).reshape(n, q * q)
+        return (w.T @ zz).reshape(h.size, q, q) / n
 
     def residual_spread(self, x, theta):
         k = self._kink(self._eta(x, theta), self._y(x))
