@@ -13,6 +13,10 @@ schema: 5 ZIL fields, uRAP carrier/dest, uRR origin), then measures
   5 s), timed from its first processed record to the last (the group join is excluded).
 
 Numbers depend on the machine (2 shared cores here); see the report for what was measured.
+
+Superseded for published numbers by ``python -m benchmarks.pipeline`` (its ``consume`` section runs
+the worker and the raw consumer in separate processes and records CPU-time rates);
+``benchmarks/results/worker.json`` predates the ``crc32c`` dependency (pure-Python CRC-32C).
 """
 
 from __future__ import annotations
