@@ -18,7 +18,11 @@ At the edges the empirical CDFs are ``F̂₁``, ``F̂₂`` and ``F̂_max(t) = #{
   and ``z = z_{(1+level)/2}``. This is the Bahadur interval ``ξ̂ ± z·s/f̂(ξ̂)`` with the density
   estimated by the difference quotient ``f̂ = 2z·s / (ci_high − ci_low)`` of the DR CDF, so the
   reported ``stderr = s / f̂ = (ci_high − ci_low)/(2z)``. It needs no bandwidth and its coverage is
-  checked by simulation in ``tests/aggregator/test_state_stats.py``.
+  checked by simulation in ``tests/aggregator/test_state_stats.py``. The limits are rounded
+  outwards to the edges of their bins: a histogram cannot place mass within a bin, and with
+  discrete data (integer minutes) an interpolated limit would sit strictly inside the bin of the
+  atom that *is* the quantile and exclude it (seen on the flights: median −5 min, interval
+  [−5.093, −5.019] before the rounding).
 """
 
 from __future__ import annotations
@@ -74,6 +78,18 @@ def quantile_from_cdf(edges: np.ndarray, cdf: np.ndarray, q) -> np.ndarray:
     frac = np.where(span > 0, (q - lo_f) / np.where(span > 0, span, 1.0), 1.0)
     t = edges[prev] + np.clip(frac, 0.0, 1.0) * (edges[k] - edges[prev])
     return np.where(k == 0, edges[0], t)
+
+
+def quantile_bin(edges: np.ndarray, cdf: np.ndarray, q) -> tuple[np.ndarray, np.ndarray]:
+    """Edges ``(left, right)`` of the histogram bin that holds the ``q``-quantile.
+
+    The histogram cannot place mass within a bin, so an interval endpoint is only known to a
+    bin: confidence limits are rounded outwards to these edges (an atom of the data, e.g.
+    integer minutes, sits somewhere inside its bin).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.clip(np.searchsorted(cdf, q, side="left"), 0, edges.size - 1)
+    return edges[np.clip(k - 1, 0, edges.size - 1)], edges[k]
 
 
 class HistogramState(State):
@@ -163,8 +179,9 @@ class HistogramState(State):
         var_g = np.interp(value, edges, self.cdf_variance())
         s = np.sqrt(var_g / self._n)
         z = normal_critical(self.query.level)
-        lo = quantile_from_cdf(edges, mono, np.clip(q - z * s, 0.0, 1.0))
-        hi = quantile_from_cdf(edges, mono, np.clip(q + z * s, 0.0, 1.0))
+        # Woodruff limits, rounded outwards to bin edges (within-bin position is unknown)
+        lo = quantile_bin(edges, mono, np.clip(q - z * s, 0.0, 1.0))[0]
+        hi = quantile_bin(edges, mono, np.clip(q + z * s, 0.0, 1.0))[1]
         se = (hi - lo) / (2 * z)
         return Estimate(self.name, self.params, value, se, lo, hi, self._n, self.query.level, "dr")
 

@@ -117,6 +117,28 @@ def test_histogram_quantile_ci_coverage():
     assert np.all((cover > 0.90) & (cover < 0.99)), cover
 
 
+def test_histogram_quantile_ci_contains_an_atom_median():
+    """Discrete data (integers 0..10, median exactly 5): the interval must contain the atom.
+
+    The jump of F at 5 (mass 1/11) is far wider than ±z·s at n = 5·10⁴, so both Woodruff limits
+    fall in the atom's bin; without rounding them outwards to the bin edges the interval sat
+    strictly inside that bin and excluded 5 (as on the flights' integer minutes).
+    """
+    from ingest.batch import ReportBatch
+
+    for seed in range(5):
+        rng = np.random.default_rng(777 + seed)
+        x = np.column_stack([rng.integers(0, 11, 50_000).astype(float), np.zeros(50_000), np.zeros(50_000)])
+        x1 = ZIL.privatize(x, rng)
+        cat = {"c": SCHEMA.categorical_mechanism("c").privatize(np.zeros(50_000, int), rng),
+               "d": SCHEMA.categorical_mechanism("d").privatize(np.zeros(50_000, int), rng)}
+        batch = ReportBatch(SCHEMA.fingerprint, x1, cat)
+        e = build_state({"kind": "quantiles", "name": "q", "field": "a", "q": [0.5], "bins": 1000},
+                        SCHEMA).update(batch, ZIL.double(x1, rng)).estimate()
+        assert e.ci_low[0] <= 5.0 <= e.ci_high[0], (seed, e.value, e.ci_low, e.ci_high)
+        assert e.ci_high[0] - e.ci_low[0] < 1.0
+
+
 def _population_quantiles() -> np.ndarray:
     from scipy import optimize, stats
 
