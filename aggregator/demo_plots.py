@@ -62,8 +62,13 @@ def _estimates_over_reports(path: Path, report: dict, history: list, truth: dict
         if n.size:
             ax.fill_between(n, lo, hi, alpha=0.3, label="95 % CI")
             ax.plot(n, v, lw=1.2, label="estimate")
+            # the first few thousand reports give very wide intervals: scale to the later half
+            half = slice(n.size // 2, None)
+            ys = np.concatenate([lo[half], hi[half]] + ([[r["truth"]]] if r["truth"] is not None else []))
+            pad = 0.15 * (ys.max() - ys.min() or abs(ys.max()) or 1.0)
+            ax.set_ylim(ys.min() - pad, ys.max() + pad)
         if r["truth"] is not None:
-            ax.axhline(r["truth"], color="k", ls="--", lw=1, label="truth (non-private)")
+            ax.axhline(r["truth"], color="k", ls="--", lw=1, label="truth over all flights (non-private)")
         ax.set_title(f"{r['query']}: {r['param']}", fontsize=9)
         ax.set_xlabel("reports merged", fontsize=8)
         ax.tick_params(labelsize=7)
