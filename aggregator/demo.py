@@ -95,6 +95,8 @@ class DemoOptions:
     def __post_init__(self) -> None:
         if self.limit is not None and not 1 <= self.limit <= FLIGHTS_TOTAL:
             raise ValueError(f"limit must be in [1, {FLIGHTS_TOTAL}], got {self.limit}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
         if not 1 <= self.workers <= 16:
             raise ValueError(f"workers must be in [1, 16], got {self.workers}")
         if not self.workers <= self.partitions <= 64:
@@ -247,7 +249,12 @@ def run_demo(opts: DemoOptions, console=None) -> int:
 
     console = console or Console(stderr=True)
     out = Path(opts.output_dir)
+    if out.exists() and not out.is_dir():
+        raise DemoError(f"--output {out} exists and is not a directory")
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    for old in ("report.json", "report.md", "history.json", "estimates_over_reports.png",
+                "frequencies.png", "tradeoff.png"):
+        (out / old).unlink(missing_ok=True)  # never mix two runs in one folder
     schema = TelemetrySchema.load(opts.schema_path)
     t_start = time.monotonic()
 
@@ -303,11 +310,13 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         if progress.producer_error:
             raise DemoError(f"producer failed: {progress.producer_error}")
         # workers checkpoint every second; serve shows every report once the last one landed
-        final = _wait_final(serve_url, prepared.n_sent, timeout=60) or progress.estimates
+        final, not_ready = _wait_final(serve_url, prepared.n_sent, timeout=60)
+        final = final or progress.estimates
+        progress.history.append((time.monotonic() - progress.started, final))
         truth_thread.join()
         report = build_report(template, schema, final, truth, progress, prepared,
                               time.monotonic() - progress.started,
-                              total_s=time.monotonic() - t_start, opts=opts)
+                              total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready)
         write_outputs(out, report, progress.history, truth, schema)
         _print_summary(console, report, out)
         if opts.keep_running:
@@ -332,7 +341,9 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         for c in reversed(children):
             _stop_child(c, timeout=10)
         broker.stop()
-        if report is None and progress.history:
+        if report is None and not progress.history:
+            console.print("nothing was streamed yet: no report written")
+        elif report is None:
             truth_thread.join(timeout=30)
             partial = build_report(template, schema, progress.estimates, truth, progress, prepared,
                                    time.monotonic() - progress.started,
@@ -445,14 +456,24 @@ def _poll(progress: _Progress, workers: list[_Child], serve: _Child) -> None:
             progress.history.append((time.monotonic() - progress.started, est))
 
 
-def _estimates_by_query(payload) -> dict:
-    """Normalise serve's ``/estimates`` payload to ``{query: estimate dict}``."""
+def _split_payload(payload) -> tuple[dict, dict]:
+    """Split serve's ``/estimates`` payload into ``({query: estimate}, {query: not-ready entry})``.
+
+    Entries without ``params`` are queries that cannot estimate yet (``{"query", "n", "error"}``,
+    e.g. an SGD regression still in its burn-in).
+    """
     if isinstance(payload, dict) and "estimates" in payload:
         payload = payload["estimates"]
     if isinstance(payload, list):
         payload = {e["query"]: e for e in payload}
-    # entries without params are "not enough data yet" ({"query", "n", "error"})
-    return {k: e for k, e in dict(payload or {}).items() if isinstance(e, dict) and "params" in e}
+    entries = {k: e for k, e in dict(payload or {}).items() if isinstance(e, dict)}
+    ready = {k: e for k, e in entries.items() if "params" in e}
+    return ready, {k: e for k, e in entries.items() if k not in ready}
+
+
+def _estimates_by_query(payload) -> dict:
+    """The estimable entries of serve's ``/estimates`` payload, ``{query: estimate dict}``."""
+    return _split_payload(payload)[0]
 
 
 def _watch(progress, n_total, workers, serve, children, opts, truth, console) -> None:
@@ -483,18 +504,21 @@ def _watch(progress, n_total, workers, serve, children, opts, truth, console) ->
             time.sleep(0.5)
 
 
-def _wait_final(serve_url: str, n_total: int, timeout: float) -> dict:
-    """Wait until serve's merged estimates cover every report (after the final checkpoints)."""
+def _wait_final(serve_url: str, n_total: int, timeout: float) -> tuple[dict, dict]:
+    """Wait until serve's merged states cover every report (after the final checkpoints);
+    returns ``(estimates, not_ready)`` as :func:`_split_payload`."""
     deadline = time.monotonic() + timeout
     est: dict = {}
+    pending: dict = {}
     while time.monotonic() < deadline:
         with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-            est = _estimates_by_query(_http_json(serve_url + "/estimates"))
-            if est and all(int(e.get("n") or 0) >= n_total for e in est.values()):
-                return est
+            est, pending = _split_payload(_http_json(serve_url + "/estimates"))
+            entries = [*est.values(), *pending.values()]
+            if entries and all(int(e.get("n") or 0) >= n_total for e in entries):
+                return est, pending
         time.sleep(0.3)
     log.warning("serve did not reach n=%d for every query within %.0f s", n_total, timeout)
-    return est
+    return est, pending
 
 
 # --------------------------------------------------------------------------- truth
@@ -513,8 +537,10 @@ def compute_truth(config, schema, raw: dict[str, np.ndarray]) -> dict[str, dict[
 
 # --------------------------------------------------------------------------- report
 def build_report(config, schema, estimates: dict, truth: dict, progress: _Progress, prepared: _Prepared,
-                 elapsed_s: float, *, total_s: float, opts: DemoOptions, partial: bool = False) -> dict:
-    """Assemble ``report.json``: every estimate with CI, n, truth and whether the CI covers it."""
+                 elapsed_s: float, *, total_s: float, opts: DemoOptions, partial: bool = False,
+                 not_ready: dict | None = None) -> dict:
+    """Assemble ``report.json``: every estimate with CI, n, truth and whether the CI covers it;
+    queries that could not estimate yet are listed under ``not_estimated`` with the reason."""
     rows = []
     for q in config.queries:
         e = estimates.get(q.name)
@@ -553,6 +579,9 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
         "summary": {"estimates": len(rows), "with_truth": len(judged),
                     "covered": int(sum(judged)), "coverage": coverage},
         "estimates": rows,
+        "not_estimated": [{"query": q.name, "kind": q.kind, "n": (not_ready or {}).get(q.name, {}).get("n"),
+                           "reason": (not_ready or {}).get(q.name, {}).get("error", "no estimate yet")}
+                          for q in config.queries if q.name not in estimates],
     }
 
 
@@ -617,6 +646,8 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         lines.append(f"| {r['query']} | {r['param']} | {_fmt(r['estimate'])} | {_fmt(r['stderr'])} | "
                      f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {_fmt(r['truth'])} | "
                      f"{'yes' if r['covered'] else ('–' if r['covered'] is None else 'no')} | {r['n']} |")
+    for r in report.get("not_estimated", []):
+        lines.append(f"\n*{r['query']}*: no estimate yet — {r['reason']}")
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"

@@ -42,3 +42,12 @@ def test_layering(package, forbidden):
                 names = [node.module]
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in forbidden]
     assert not offenders, offenders
+
+
+def test_tests_need_nothing_outside_the_repository():
+    """A fresh clone must run every test: no test reads the team's ../shared folder."""
+    offenders = [
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
+        if p.name != "test_meta.py" and ('"shared"' in p.read_text() or "../shared" in p.read_text())
+    ]
+    assert not offenders, offenders

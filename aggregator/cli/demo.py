@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def register(sub) -> None:
             "Start an embedded Tansu broker, privatize the 336,776 NYC flights of 2013 on the "
             "'client' (ZIL for delays/distance/air time/hour, uRAP/uRR for carrier/origin/dest), "
             "publish them in batched records, run worker processes in one consumer group and a "
-            "serve process, show the merged estimates with 95 %% CIs next to the non-private "
+            "serve process, show the merged estimates with 95 % CIs next to the non-private "
             "truth, and write report.json, report.md and PNG plots."
         ),
     )
@@ -47,4 +48,11 @@ def _run(args: argparse.Namespace) -> int:
                        partitions=args.partitions, reports_per_record=args.reports_per_record,
                        keep_running=args.keep_running, rate=args.rate or None,
                        live=not args.no_live and sys.stderr.isatty(), timeout_s=args.timeout)
-    return run_demo(opts)
+    def _terminate(signum, frame):  # SIGTERM (kill, timeout, a closed terminal) = Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return run_demo(opts)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -47,8 +47,14 @@ def test_report_has_every_query_with_ci_truth_and_n(demo_run):
     out, _ = demo_run
     report = json.loads((out / "report.json").read_text())
     cfg = tomllib.loads((out / "pipeline.toml").read_text())
-    queries = {q["name"] for q in cfg["queries"]}
-    assert {r["query"] for r in report["estimates"]} == queries
+    queries = {q["name"]: q["kind"] for q in cfg["queries"]}
+    estimated = {r["query"] for r in report["estimates"]}
+    pending = {r["query"] for r in report["not_estimated"]}
+    assert estimated | pending == set(queries) and not estimated & pending
+    # at 20k reports over 4 partitions only the averaged-SGD regressions may still be in burn-in;
+    # every closed-form / count query must have an estimate
+    assert all(queries[q] in ("logistic_regression", "quantile_regression") for q in pending), pending
+    assert all(r["reason"] for r in report["not_estimated"])
     sent = report["run"]["reports_sent"]
     assert report["run"]["flights_read"] == 20000
     assert 19000 < sent <= 20000  # cancelled flights (no arr_delay) are skipped

@@ -1,6 +1,6 @@
 """Tests of mechanisms.privacy: trade-off functions, (ε, δ̃) conversion, calibration, guarantees.
 
-Reference numbers: ../shared/reference/reference_values.json (computed independently with scipy).
+Reference numbers: tests/reference/reference_values.json (computed independently with scipy; see its README).
 Formulas: DESIGN §2 "Privacy accounting"; paper Prop. 3.1–3.2, Thm 3.1–3.3, Fig. 1, §7.1.
 """
 
@@ -32,7 +32,7 @@ from mechanisms.privacy import (
 )
 from mechanisms.zil import ZILMechanism
 
-REF_PATH = pathlib.Path(__file__).resolve().parents[3] / "shared" / "reference" / "reference_values.json"
+REF_PATH = pathlib.Path(__file__).resolve().parents[1] / "reference" / "reference_values.json"
 REF = json.loads(REF_PATH.read_text())
 
 

@@ -16,7 +16,7 @@ from mechanisms.uldp import RAPPOR, RR, URAP, URR, FrequencyCounts, SparseBits
 from mechanisms.uldp.pum import PUM
 from mechanisms.uldp.urap import sample_subsets
 
-REF_PATH = pathlib.Path(__file__).resolve().parents[3] / "shared" / "reference" / "reference_values.json"
+REF_PATH = pathlib.Path(__file__).resolve().parents[1] / "reference" / "reference_values.json"
 REF = json.loads(REF_PATH.read_text())
 # Bonferroni-adjusted two-sided critical value for ~20 coordinates at family-wise level 1e-5
 Z_K = float(ndtri(1 - 1e-5 / 40))

@@ -13,7 +13,7 @@ from mechanisms.uldp import RAPPOR, RR, URAP, URR, SparseBits
 from mechanisms.uldp.audit import audit_uldp
 from mechanisms.uldp.pum import PUM
 
-REF_PATH = pathlib.Path(__file__).resolve().parents[3] / "shared" / "reference" / "reference_values.json"
+REF_PATH = pathlib.Path(__file__).resolve().parents[1] / "reference" / "reference_values.json"
 REF = json.loads(REF_PATH.read_text())["uldp_expected_loss"]
 
 pytestmark = pytest.mark.slow
