@@ -241,10 +241,15 @@ def start_metrics_server(registry: CollectorRegistry, port: int, host: str = "12
     Raises
     ------
     ConfigError
-        If ``port`` is outside [0, 65535].
+        If ``port`` is outside [0, 65535], or the address cannot be bound (port in use, not a
+        local address) — the message names host and port.
     """
     from prometheus_client import start_http_server
 
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"metrics port must be an integer in [0, 65535], got {port!r}")
-    return start_http_server(port, addr=host, registry=registry)
+    try:
+        return start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
+                          "(each worker needs its own --metrics-port; 0 picks a free one)") from None

@@ -311,16 +311,35 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
                      exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Raise ``ConfigError`` (one line naming ``host:port``) unless a server could listen there.
+
+    Raises
+    ------
+    ConfigError
+        If ``port`` is outside [0, 65535] or the address is in use or not local.
+    """
+    import socket
+
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"port must be an integer in [0, 65535], got {port!r}")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def run_server(app, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning"):
     """Serve ``app`` with uvicorn until interrupted (blocking).
 
     Raises
     ------
     ConfigError
-        If ``port`` is outside [0, 65535].
+        If ``port`` is outside [0, 65535] or ``host:port`` cannot be bound (in use, not local).
     """
     import uvicorn
 
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"port must be an integer in [0, 65535], got {port!r}")
+    check_bindable(host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

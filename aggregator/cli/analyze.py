@@ -50,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
         queries = []
     loss = load_custom_loss(args.loss, key="--loss") if args.loss else None
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else []
+    from ingest.kafka import KafkaSettings, reachable
+
+    settings = KafkaSettings.coerce(cfg.kafka)
+    if not reachable(settings):
+        raise CLIError(f"no Kafka broker reachable at {settings.bootstrap}")
     runtime = PipelineRuntime.from_config(cfg)
     rep = replay(runtime, client_config(cfg), cfg.topics.reports, timeout_s=args.timeout)
     results = [analyze_query(rep, runtime, q) for q in queries]

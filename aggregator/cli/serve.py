@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.checkpoint import StateTopicReader
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError
-    from aggregator.serve import EstimateStore, build_app, run_server
+    from aggregator.serve import EstimateStore, build_app, check_bindable, run_server
     from aggregator.worker import PipelineRuntime, client_config, ensure_topics
 
     cfg = PipelineConfig.load(args.config)
@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     port = cfg.serve.port if args.port is None else args.port
     if not 0 <= port <= 65535:
         raise CLIError(f"--port must be in [0, 65535], got {port}")
+    check_bindable(host, port)  # fail before touching Kafka
     runtime = PipelineRuntime.from_config(cfg)
     ensure_topics(cfg)
     kcfg = client_config(cfg)

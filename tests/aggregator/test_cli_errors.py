@@ -1,0 +1,50 @@
+"""User errors of the long-running commands give one readable line and exit 2 (no traceback)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from aggregator.cli import main
+from aggregator.errors import ConfigError
+from aggregator.metrics import start_metrics_server
+from aggregator.serve import check_bindable
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_metrics_port_in_use_is_a_config_error(busy_port):
+    with pytest.raises(ConfigError, match=rf"127.0.0.1:{busy_port}.*own --metrics-port"):
+        start_metrics_server(CollectorRegistry(), busy_port)
+
+
+def test_serve_port_in_use_is_a_config_error(busy_port):
+    with pytest.raises(ConfigError, match=rf"cannot serve on 127.0.0.1:{busy_port}"):
+        check_bindable("127.0.0.1", busy_port)
+    with pytest.raises(ConfigError, match="port must be an integer"):
+        check_bindable("127.0.0.1", 70000)
+
+
+def test_analyze_without_a_broker_is_one_line(tmp_path, capsys):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    cfg = tmp_path / "p.toml"
+    schema = (tmp_path / ".." / "s.toml").resolve()
+    schema.write_text('name = "t"\n[numeric]\nzero_prob = 0.2\nscale = 1.0\n'
+                      '[[numeric.fields]]\nname = "a"\nlow = 0.0\nhigh = 1.0\n')
+    cfg.write_text(f'[pipeline]\nname = "t"\nschema = "{schema}"\n[kafka]\n'
+                   f'bootstrap_servers = "127.0.0.1:{dead}"\n'
+                   '[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\n')
+    rc = main(["analyze", "--config", str(cfg)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"ldp-stream analyze: error: no Kafka broker reachable at 127.0.0.1:{dead}"]
