@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from kafka.errors import KafkaError
 
 from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader, checkpoint_key
 from aggregator.errors import AggregatorError, ConfigError
@@ -581,10 +582,13 @@ class Worker:
 
         if not parts:
             return {}
+        futures = []
         for ps in parts:
             ck = ps.to_checkpoint(self.runtime)
-            self._producer.send(self.state_topic, key=ck.key, value=ck.to_bytes())
+            futures.append(self._producer.send(self.state_topic, key=ck.key, value=ck.to_bytes()))
         self._producer.flush(timeout=30)
+        for f in futures:  # flush() does not raise for a failed record: its future does
+            f.get(timeout=1)
         # the state is durable: only now may the group offsets move
         for ps in parts:
             ps.dirty = False
@@ -692,7 +696,11 @@ class Worker:
             while not self._stop.is_set():
                 if self._pending:
                     self._restore_pending()
-                got = self._consumer.poll(timeout_ms=poll_timeout_ms, max_records=self.max_poll_records)
+                try:
+                    got = self._consumer.poll(timeout_ms=poll_timeout_ms, max_records=self.max_poll_records)
+                except KafkaError as exc:  # broker gone or restarting: keep the state, retry
+                    self._broker_trouble("poll", exc)
+                    continue
                 n = 0
                 with self._lock:
                     for tp, recs in got.items():
@@ -708,7 +716,11 @@ class Worker:
                 due = (self._since_ckpt_reports >= self.checkpoint_reports
                        or time.monotonic() - self._last_ckpt >= self.checkpoint_interval_s)
                 if due:
-                    self.checkpoint()
+                    try:
+                        self.checkpoint()
+                    except KafkaError as exc:  # nothing committed: the state stays in memory, retry
+                        self._broker_trouble("checkpoint", exc)
+                        self._last_ckpt = time.monotonic()
                 if max_reports is not None and self.processed_reports >= max_reports:
                     log.info("processed %d reports (max %d): stopping", self.processed_reports, max_reports)
                     break
@@ -719,6 +731,15 @@ class Worker:
         finally:
             self._shutdown()
         return self.processed_reports
+
+    def _broker_trouble(self, what: str, exc: Exception) -> None:
+        """Log a broker error of the main loop (at most every 10 s) and back off for a second."""
+        now = time.monotonic()
+        if now - getattr(self, "_last_trouble_log", 0.0) > 10:
+            log.warning("%s failed (%s: %s); keeping state in memory and retrying",
+                        what, type(exc).__name__, exc)
+            self._last_trouble_log = now
+        self._stop.wait(1.0)
 
     def _shutdown(self) -> None:
         try:

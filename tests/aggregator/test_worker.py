@@ -30,12 +30,24 @@ def records(runtime):
     return ps.make_records(runtime.schema, n_records=12, per_record=7, seed=3)
 
 
+class FakeFuture:
+    def __init__(self, error=None):
+        self.error = error
+
+    def get(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return None
+
+
 class FakeProducer:
-    def __init__(self):
+    def __init__(self, error=None):
         self.sent = []
+        self.error = error
 
     def send(self, topic, key=None, value=None, headers=None):
         self.sent.append((topic, key, value, dict(headers or [])))
+        return FakeFuture(self.error)
 
     def flush(self, timeout=None):
         pass
@@ -125,6 +137,24 @@ def test_checkpoint_restore_is_lossless(runtime, records):
     assert ck.next_offset == len(records) and ck.reports == len(records) * 7
     for name, blob in ck.states.items():
         assert runtime.restore_state(name, blob).to_bytes() == w.owned[0].states[name].to_bytes()
+
+
+def test_failed_checkpoint_send_keeps_state_dirty_and_commits_nothing(runtime, records):
+    """flush() does not raise for a record the broker refused; the worker must check the
+    futures, keep the partition dirty and not move the group offsets."""
+    from kafka.errors import KafkaTimeoutError
+
+    w = make_worker(runtime)
+    w._producer = FakeProducer(error=KafkaTimeoutError("broker gone"))
+    commits = []
+    w._consumer = types.SimpleNamespace(commit=lambda offsets: commits.append(offsets))
+    w._process(0, [rec(i, r) for i, r in enumerate(records)])
+    with pytest.raises(KafkaTimeoutError):
+        w.checkpoint()
+    assert w.owned[0].dirty and commits == []
+    w._producer = FakeProducer()
+    assert w.checkpoint() == 1
+    assert not w.owned[0].dirty and len(commits) == 1
 
 
 def test_concat_batches(runtime, records):
