@@ -34,11 +34,13 @@ def _fmt(v) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Replay and print the analyses; exit 2 on a configuration error."""
+    """Replay and print the analyses; exit 2 on a configuration error, 1 if a query could not be
+    fitted (the others are still printed)."""
     from aggregator.analyze import analyze_loss, analyze_query, replay
     from aggregator.config import PipelineConfig, load_custom_loss
-    from aggregator.errors import CLIError
+    from aggregator.errors import AggregatorError, CLIError
     from aggregator.worker import PipelineRuntime, client_config
+    from mechanisms.errors import MechanismError
 
     if (args.loss is None) != (args.fields is None):
         raise CLIError("--loss and --fields go together")
@@ -57,17 +59,25 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"no Kafka broker reachable at {settings.bootstrap}")
     runtime = PipelineRuntime.from_config(cfg)
     rep = replay(runtime, client_config(cfg), cfg.topics.reports, timeout_s=args.timeout)
-    results = [analyze_query(rep, runtime, q) for q in queries]
+    results = []
+    for q in queries:  # one query that cannot be fitted (yet) must not hide the others
+        try:
+            results.append(analyze_query(rep, runtime, q))
+        except (AggregatorError, MechanismError, ValueError, ArithmeticError) as exc:
+            results.append({"query": q.name, "error": str(exc)})
     if loss is not None:
         results.append(analyze_loss(rep, runtime, loss, fields, method=args.estimator, name=args.loss))
     if args.json:
         print(json.dumps({"reports": rep.n, "records": rep.records, "skipped": rep.skipped,
                           "analyses": results}, indent=2))
-        return 0
+        return 1 if any("error" in r for r in results) else 0
     print(f"{rep.n} reports in {rep.records} records (undecodable: {sum(rep.skipped.values())})")
     for r in results:
+        if "error" in r:
+            print(f"\n{r['query']}  not estimable: {r['error']}")
+            continue
         print(f"\n{r['query']}  [{r.get('estimator')}, n={r['n']}, {100 * r['level']:g} % CI]")
         for i, p in enumerate(r["params"]):
             print(f"  {p:>20}  {_fmt(r['value'][i])}  ± {_fmt(r['stderr'][i])}  "
                   f"[{_fmt(r['ci_low'][i])}, {_fmt(r['ci_high'][i])}]")
-    return 0
+    return 1 if any("error" in r for r in results) else 0
