@@ -63,6 +63,11 @@ def test_bad_records_are_dead_lettered(tmp_path, bootstrap_servers, topic_name):
     dlq = _read_all(bootstrap_servers, cfg.topics.dead_letter, expect=4)
     assert len(dlq) == 4
     by_value = {r.value: dict(r.headers) for r in dlq}
+    # an oversized record is dead-lettered as its first max_record_bytes bytes (sending it whole
+    # would exceed the producer's request size) with its original length in ``truncated_from``
+    cut = bad["oversized"][:20_000]
+    assert int(by_value[cut]["truncated_from"]) == len(bad["oversized"])
+    by_value[bad["oversized"]] = by_value.pop(cut)
     for name, value in bad.items():
         h = by_value[value]
         assert h["reason"].decode(), name
