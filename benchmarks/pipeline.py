@@ -749,45 +749,17 @@ def plot(results: dict) -> list[str]:
     cons, e2e, prod = results.get("consume"), results.get("e2e"), results.get("produce")
     if cons or e2e or prod:
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        if prod:
-            ax.plot(
-                [r["reports_per_record"] for r in prod],
-                [r["producer_reports_per_s"] for r in prod],
-                "o-",
-                label="ReportProducer (produce only)",
-            )
-            ax.plot(
-                [r["reports_per_record"] for r in prod],
-                [r["raw_reports_per_s"] for r in prod],
-                "o--",
-                label="raw kafka-python send loop",
-            )
-        if cons:
-            ax.plot(
-                [r["reports_per_record"] for r in cons],
-                [r["worker_reports_per_s"] for r in cons],
-                "s-",
-                label="worker (consume only)",
-            )
-            ax.plot(
-                [r["reports_per_record"] for r in cons],
-                [r["raw_reports_per_s"] for r in cons],
-                "s--",
-                label="raw kafka-python consume loop",
-            )
-        if e2e:
-            ax.plot(
-                [r["reports_per_record"] for r in e2e],
-                [r["pipeline_reports_per_s"] for r in e2e],
-                "^-",
-                label="produce→broker→worker",
-            )
-            ax.plot(
-                [r["reports_per_record"] for r in e2e],
-                [r["raw_reports_per_s"] for r in e2e],
-                "^--",
-                label="raw produce→broker→consume",
-            )
+        series = [
+            (prod, "producer_reports_per_s", "o-", "ReportProducer (produce only)"),
+            (prod, "raw_reports_per_s", "o--", "raw kafka-python send loop"),
+            (cons, "worker_reports_per_s", "s-", "worker (consume only)"),
+            (cons, "raw_reports_per_s", "s--", "raw kafka-python consume loop"),
+            (e2e, "pipeline_reports_per_s", "^-", "produce→broker→worker"),
+            (e2e, "raw_reports_per_s", "^--", "raw produce→broker→consume"),
+        ]
+        for rows, key, style, label in series:
+            if rows:
+                ax.plot([r["reports_per_record"] for r in rows], [r[key] for r in rows], style, label=label)
         ax.axhline(1e6, color="grey", lw=0.8, ls=":", label="issue 5 target 10⁶/s")
         ax.set(
             xscale="log",
