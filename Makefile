@@ -16,9 +16,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/ldp-stream demo $(ARGS)
 
+# kafka-python 3 runs every client of a process on one shared network loop, which carries state
+# from test to test; the broker-freeze producer tests get an interpreter of their own.
+ISOLATED := tests/integration/test_producer_outage.py
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --ignore=$(ISOLATED) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(ISOLATED) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -412,8 +412,9 @@ class ReportProducer:
         Parameters
         ----------
         timeout : float or None
-            Seconds to wait; ``None`` waits until the transport resolves everything (bounded by
-            ``delivery_timeout_s`` per record).
+            Seconds to wait; ``None`` = ``2·delivery_timeout_s + 5`` (the client should resolve every
+            record within ``delivery_timeout_s``; the bound keeps a wedged client from hanging the
+            caller — what is still unresolved then counts as undelivered).
 
         Raises
         ------
@@ -423,6 +424,8 @@ class ReportProducer:
         """
         with self._lock:
             self._emit_buffer()
+        if timeout is None:
+            timeout = 2.0 * self.delivery_timeout_s + 5.0
         timed_out = None
         try:
             self.transport.flush(timeout)
@@ -446,7 +449,7 @@ class ReportProducer:
         Parameters
         ----------
         timeout : float or None
-            Seconds to wait for outstanding records (``None``: until each resolves).
+            Seconds to wait for outstanding records (``None``: as :meth:`flush`).
 
         Raises
         ------
