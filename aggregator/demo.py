@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from aggregator.errors import AggregatorError
+from ingest.broker import free_port, set_parent_death_signal, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -125,32 +126,24 @@ class _Child:
             return ""
 
 
+def _child_preexec() -> None:  # pragma: no cover - runs in the forked child
+    """New session (a terminal's Ctrl-C reaches only the demo, which stops children in order),
+    and SIGTERM to the child if the demo process dies without cleaning up (Linux)."""
+    os.setsid()
+    set_parent_death_signal(signal.SIGTERM)
+
+
 def _spawn(name: str, args: list[str], log_dir: Path, url: str | None = None) -> _Child:
     log_path = log_dir / f"{name}.log"
     fh = open(log_path, "wb")
     cmd = [sys.executable, "-m", "aggregator.cli", *args]
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            preexec_fn=_child_preexec)
     fh.close()
     return _Child(name, proc, log_path, url)
 
 
-def _stop_child(child: _Child, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-    if child.proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        child.proc.send_signal(sig)
-    try:
-        child.proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            child.proc.kill()
-        child.proc.wait(5)
-
-
 def _free_port() -> int:
-    from ingest.broker import free_port
-
     return free_port("127.0.0.1")
 
 
@@ -339,7 +332,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
             producer_thread.join(timeout=15)
         logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the broker goes away next
         for c in reversed(children):
-            _stop_child(c, timeout=10)
+            stop_process(c.proc, timeout=10)
         broker.stop()
         if report is None and not progress.history:
             console.print("nothing was streamed yet: no report written")

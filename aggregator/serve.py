@@ -319,16 +319,19 @@ def check_bindable(host: str, port: int) -> None:
     ConfigError
         If ``port`` is outside [0, 65535] or the address is in use or not local.
     """
-    import socket
+    import errno
+    import os
+
+    from ingest.broker import port_is_free
 
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"port must be an integer in [0, 65535], got {port!r}")
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        free = port_is_free(host, port)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    if not free:
+        raise ConfigError(f"cannot serve on {host}:{port}: {os.strerror(errno.EADDRINUSE)}")
 
 
 def run_server(app, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning"):

@@ -65,7 +65,7 @@ def port_is_free(host: str, port: int) -> bool:
     Parameters
     ----------
     host : str
-        Interface address.
+        Interface address (IPv4, or IPv6 when it contains ``:``).
     port : int
         TCP port in [1, 65535].
 
@@ -73,8 +73,14 @@ def port_is_free(host: str, port: int) -> bool:
     -------
     bool
         ``False`` if the bind fails with ``EADDRINUSE``/``EACCES``.
+
+    Raises
+    ------
+    OSError
+        For any other bind failure (e.g. an address that is not local).
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # same semantics as a server socket (Tansu sets SO_REUSEADDR too): TIME_WAIT does not count
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -95,17 +101,32 @@ def _accepts_tcp(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def _pdeathsig_preexec() -> None:  # pragma: no cover - runs in the forked child
-    """Ask the Linux kernel to SIGKILL the child when its parent thread dies."""
+def set_parent_death_signal(sig: int) -> None:  # pragma: no cover - runs in a forked child
+    """Ask the Linux kernel to send ``sig`` to this process when its parent thread dies.
+
+    For ``preexec_fn`` of a child process; a no-op where ``prctl`` is unavailable.
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass
 
 
-def _kill_process(proc: subprocess.Popen, timeout: float) -> None:
-    """Stop ``proc``: SIGCONT (if frozen), SIGTERM, wait ``timeout`` s, SIGKILL, wait."""
+def _pdeathsig_preexec() -> None:  # pragma: no cover - runs in the forked child
+    """SIGKILL the broker when its parent thread dies."""
+    set_parent_death_signal(signal.SIGKILL)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """Stop ``proc``: SIGCONT (if frozen), SIGTERM, wait ``timeout`` s, SIGKILL, wait.
+
+    Parameters
+    ----------
+    proc : subprocess.Popen
+    timeout : float
+        Seconds to wait for a clean exit after SIGTERM before SIGKILL.
+    """
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -123,7 +144,7 @@ def _kill_process(proc: subprocess.Popen, timeout: float) -> None:
 def _finalize(proc: subprocess.Popen, workdir: str) -> None:
     """Finalizer: make sure the broker process is gone and its log directory removed."""
     try:
-        _kill_process(proc, timeout=3.0)
+        stop_process(proc, timeout=3.0)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -376,7 +397,7 @@ class EmbeddedBroker:
             self._finalizer.detach()
             self._finalizer = None
         if proc is not None:
-            _kill_process(proc, timeout)
+            stop_process(proc, timeout)
             logger.info("stopped Tansu pid %d (exit status %s)", proc.pid, proc.returncode)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)

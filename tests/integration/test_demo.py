@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tomllib
 
 import pytest
 
+from ingest.broker import port_is_free
+
 pytestmark = pytest.mark.slow
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of our polls is fine
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +74,8 @@ def test_every_started_process_is_gone(demo_run):
     out, _ = demo_run
     cfg = tomllib.loads((out / "pipeline.toml").read_text())
     port = int(cfg["kafka"]["bootstrap_servers"].rsplit(":", 1)[1])
-    assert _port_free(port), "the embedded broker still listens"
-    assert _port_free(int(cfg["serve"]["port"])), "serve still listens"
+    assert port_is_free("127.0.0.1", port), "the embedded broker still listens"
+    assert port_is_free("127.0.0.1", int(cfg["serve"]["port"])), "serve still listens"
     left = subprocess.run(["pgrep", "-f", str(out / "pipeline.toml")], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"stray processes: {left.stdout}"
 
@@ -124,6 +115,6 @@ def test_ctrl_c_stops_everything_and_writes_partial_report(tmp_path):
     assert history.is_file()
     cfg = tomllib.loads((out / "pipeline.toml").read_text())
     port = int(cfg["kafka"]["bootstrap_servers"].rsplit(":", 1)[1])
-    assert _port_free(port), "the embedded broker still listens"
+    assert port_is_free("127.0.0.1", port), "the embedded broker still listens"
     left = subprocess.run(["pgrep", "-f", str(out / "pipeline.toml")], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"stray processes: {left.stdout}"
