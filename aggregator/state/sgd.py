@@ -219,6 +219,7 @@ class SGDState(State):
             raise ConfigError(f"queries.{self.name}.estimator: {exc}") from None
         p = len(self.params)
         self._init_plugin(init, noise_var if method in ("sdr", "sl") else None)
+        self._kernel = self._kernel_spec()
         self.theta = init.astype(np.float64).copy()
         self.t = 0
         self.s = 0
@@ -275,6 +276,56 @@ class SGDState(State):
         self.os_t1 = np.zeros(K)
         self.os_t2 = np.zeros(K)
         self.os_nb = 0.0
+
+    def _kernel_spec(self) -> tuple | None:
+        """Arguments of the compiled loop (:mod:`aggregator.state._sgd_kernel`) when it serves this
+        query — logistic or quantile regression with the dr/naive/oracle gradient and an analytic
+        or ladder Hessian — else None (the Python loop runs)."""
+        from mechanisms.losses import LogisticLoss, QuantileRegressionLoss
+
+        L, method = self.loss, self.closs.method
+        if self.query.kind == "custom" or method not in ("dr", "naive", "oracle") or self.hmode == "numeric":
+            return None
+        from aggregator.state import _sgd_kernel as kern
+
+        if isinstance(L, LogisticLoss) and not isinstance(L, QuantileRegressionLoss):
+            code, tau = kern.PHI_LOGISTIC, 0.0
+        elif isinstance(L, QuantileRegressionLoss):
+            code, tau = kern.PHI_QUANTILE, float(L.tau)
+        else:
+            return None
+        hmode = kern.HESS_LADDER if self.hmode == "ladder" else kern.HESS_ANALYTIC
+        if method == "dr":
+            a, b = 1.0 / self.zero_prob, (1.0 - self.zero_prob) / self.zero_prob
+        else:
+            a, b = 1.0, 0.0
+        return code, tau, a, b, hmode
+
+    def _run_kernel(self, u1: np.ndarray, u2: np.ndarray, full: int) -> None:
+        """The mini-batch loop of :meth:`_update` over rows ``[0, full)``, compiled."""
+        from aggregator.state._sgd_kernel import run_steps
+
+        code, tau, a, b, hmode = self._kernel
+        L = self.loss
+
+        def design(u):
+            return (np.ascontiguousarray(L._design(u), dtype=np.float64),
+                    np.ascontiguousarray(L._y(u), dtype=np.float64))
+
+        z1, y1 = design(u1[:full])
+        z2, y2 = design(u2[:full]) if b != 0.0 else (z1, y1)
+        sc = np.array([self.t, self.s, self.rs_c, self.os_m, self.os_nb], dtype=np.float64)
+        own = {k: np.array(getattr(self, k), dtype=np.float64) for k in
+               ("theta", "avg", "rs_a", "rs_b", "os_g", "os_s", "os_h", "os_ht", "os_t1", "os_t2")}
+        o = own
+        run_steps(z1, y1, z2, y2, a, b, code, tau, int(self.opts.batch_size), int(full), o["theta"],
+                  o["avg"], sc, float(self.step0), float(self.opts.step_power), float(self.opts.burn_in),
+                  o["rs_a"], o["rs_b"], bool(self.plugin), hmode, np.ascontiguousarray(self.bw, np.float64),
+                  o["os_g"], o["os_s"], o["os_h"], o["os_ht"], o["os_t1"], o["os_t2"])
+        for k, v in own.items():
+            setattr(self, k, v)
+        self.t, self.s, self.rs_c = int(sc[0]), int(sc[1]), float(sc[2])
+        self.os_m, self.os_nb = float(sc[3]), float(sc[4])
 
     def _batch_hessian(self, x1: np.ndarray, x2: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """Corrected θ-Hessian summed over one mini-batch, shape (K, q, q).
@@ -359,7 +410,10 @@ class SGDState(State):
         grad = self.closs.grad
         theta, avg = self.theta, self.avg
         acc = self.plugin
-        for start in range(0, full, B):
+        if self._kernel is not None:
+            self._run_kernel(u1, u2, full)
+            theta, avg = self.theta, self.avg
+        for start in range(0, full if self._kernel is None else 0, B):
             x1b, x2b = u1[start:start + B], u2[start:start + B]
             gi = grad(x1b, x2b, theta)
             if acc and self.t >= burn:
