@@ -28,7 +28,8 @@ class CountsState(State):
     ``params`` are the category names (plus ``bot1 … botκ`` for PUM fields, over the extended
     domain). ``stderr`` is the plug-in standard error of the empirical estimator
     (``sqrt(m̂(1−m̂)/n)/slope``); for threshold/projected/em it is a conservative yardstick.
-    Merging is exact (integer counts). ``x2`` is not used.
+    Merging is exact (integer counts). ``x2`` is not used. uRAP pattern counts (what EM needs) are
+    kept only for ``method = "em"``.
 
     Raises
     ------
@@ -45,6 +46,10 @@ class CountsState(State):
             raise ConfigError(
                 f"queries.{self.name}.field: {field!r} is not a categorical field of the schema")
         self.mechanism = schema.categorical_mechanism(field)
+        if self.query.method != "em" and getattr(self.mechanism, "max_patterns", 0):
+            # the distinct sensitive-bit patterns of uRAP reports serve only EM; counting them
+            # was 3/4 of a worker's cost for this state (dict of hex keys per record)
+            self.mechanism.max_patterns = 0
         self.params = categorical_params(schema, field)
         self.counts = self.mechanism.empty_counts()
 
