@@ -157,7 +157,10 @@ class PipelineRuntime:
             gen = state_mod.doubling_rng(record)
             w = gen.standard_exponential(x1.shape[0])
             g = gen.standard_normal(x1.shape)
-            return x1 + g * np.sqrt(w)[:, None] * sd_double
+            g *= np.sqrt(w)[:, None]
+            g *= sd_double
+            g += x1
+            return g
 
         return cls(
             name=_config_pipeline_name(config),
