@@ -389,9 +389,10 @@ def _decode_sparse(name: str, payload: memoryview, n: int, w: int, lw: int, k: i
     idx = idx.astype(np.int32)
     if nnz > 1:
         inc = idx[1:] > idx[:-1]
-        start = np.zeros(nnz, dtype=bool)
-        start[offsets[:-1][lens > 0]] = True
-        if not np.all(inc | start[1:]):
+        # a non-increase is allowed only where a report starts: mark those positions
+        starts = offsets[1:-1]
+        inc[starts[(starts > 0) & (starts < nnz)] - 1] = True
+        if not inc.all():
             raise MalformedError(f"field {name!r}: bit positions not strictly increasing within a report")
     return _sparse(name, idx, offsets, k)
 
@@ -404,9 +405,13 @@ def _decode_bitmap(name: str, payload: memoryview, n: int, w: int, lw: int, k: i
         raise BadLengthError(f"field {name!r}: bitmap has {len(payload)} bytes, expected {n * rb}")
     raw = np.frombuffer(payload, dtype=np.uint8, count=n * rb).reshape(n, rb)
     bits = np.unpackbits(raw, axis=1, bitorder="little")
-    if bits.shape[1] > k and bits[:, k:].any():
-        raise OutOfRangeError(f"field {name!r}: bitmap padding bit set (position >= k={k})")
-    rows, cols = np.nonzero(bits[:, :k])
+    if bits.shape[1] > k:
+        if bits[:, k:].any():
+            raise OutOfRangeError(f"field {name!r}: bitmap padding bit set (position >= k={k})")
+        bits = np.ascontiguousarray(bits[:, :k])
+    # positions of the ones in row-major order (1-d nonzero of a bool view: ~6x faster than 2-d)
+    flat = np.flatnonzero(bits.view(np.bool_))
+    rows, cols = np.divmod(flat, k)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n), out=offsets[1:])
     return _sparse(name, cols.astype(np.int32), offsets, k)
