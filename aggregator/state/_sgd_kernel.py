@@ -26,13 +26,16 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["HESS_ANALYTIC", "HESS_LADDER", "HESS_NONE", "PHI_LOGISTIC", "PHI_QUANTILE", "run_steps"]
+__all__ = ["HESS_ANALYTIC", "HESS_LADDER", "HESS_NONE", "LABEL_RAW", "LABEL_THRESHOLD", "PHI_LOGISTIC",
+           "PHI_QUANTILE", "run_steps", "warm"]
 
 PHI_LOGISTIC = 0
 PHI_QUANTILE = 1
 HESS_NONE = 0
 HESS_ANALYTIC = 1
 HESS_LADDER = 2
+LABEL_RAW = 0
+LABEL_THRESHOLD = 1
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -68,16 +71,51 @@ def _add_hess(z, i, r, w_coef, hmode, bw, hb):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def run_steps(z1, y1, z2, y2, a, b, code, tau, batch, full, theta, avg, sc, step0, step_power, burn,
-              rs_a, rs_b, acc, hmode, bw, os_g, os_s, os_h, os_ht, os_t1, os_t2):  # pragma: no cover
-    """Run the mini-batch steps over rows ``[0, full)`` (``full`` a multiple of ``batch``).
+def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop, zb, yb):
+    """Design rows ``zb`` and labels ``yb`` of stream rows ``[start, stop)``: rows ``< len(ub)``
+    come from the standardized buffer ``ub``, the others from ``x`` standardized on the fly as
+    ``u = (x[:, cols] − shift)/scale`` (the same arithmetic as ``SGDState._std``)."""
+    m = ub.shape[0]
+    k = cols.shape[0] - 1
+    off = 1 if intercept else 0
+    for r in range(start, stop):
+        i = r - start
+        if intercept:
+            zb[i, 0] = 1.0
+        for j in range(k + 1):
+            if r < m:
+                u = ub[r, j]
+            else:
+                u = (x[r - m, cols[j]] - shift[j]) / scale[j]
+            if j < k:
+                zb[i, off + j] = u
+            elif label_mode == LABEL_THRESHOLD:
+                yb[i] = 1.0 if u > t_label else 0.0
+            else:
+                yb[i] = u
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def run_steps(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_label, a, b, code, tau,
+              batch, full, theta, avg, sc, step0, step_power, burn, rs_a, rs_b, acc, hmode, bw,
+              os_g, os_s, os_h, os_ht, os_t1, os_t2):  # pragma: no cover
+    """Run the mini-batch steps over stream rows ``[0, full)`` (``full`` a multiple of ``batch``).
+
+    The stream is the buffered rows ``ub`` followed by the new reports ``x``.
 
     Parameters
     ----------
-    z1, z2 : float64 (n, q)
-        Design rows of ``x̃₁`` / ``x̃₂`` (``z2`` unused when ``b == 0``).
-    y1, y2 : float64 (n,)
-        Labels / responses of each copy.
+    ub1, ub2 : float64 (m, k + 1)
+        Standardized rows buffered from earlier updates (``ub2`` unused when ``b == 0``).
+    x1, x2 : float64 (n, d)
+        New reports ``x̃₁`` / ``x̃₂`` in original units (``x2`` unused when ``b == 0``).
+    cols : int64 (k + 1,)
+        Covariate columns then the label/response column of ``x``; ``shift``, ``scale`` (k + 1,)
+        standardize them.
+    intercept : bool
+        Prepend a constant to the design (q = k + 1, else q = k).
+    label_mode, t_label :
+        ``LABEL_THRESHOLD``: ``y = 1{u_label > t_label}``; ``LABEL_RAW``: ``y = u_label``.
     a, b : float
         Corrected-gradient coefficients (see the module docstring).
     code : int
@@ -107,10 +145,16 @@ def run_steps(z1, y1, z2, y2, a, b, code, tau, batch, full, theta, avg, sc, step
     gi = np.empty(q)
     anc = np.empty(q)
     hb = np.empty((K, q, q))
+    z1 = np.empty((batch, q))
+    z2 = np.empty((batch, q))
+    y1 = np.empty(batch)
+    y2 = np.empty(batch)
     for start in range(0, full, batch):
-        stop = start + batch
+        _fill(ub1, x1, cols, shift, scale, intercept, label_mode, t_label, start, start + batch, z1, y1)
+        if two:
+            _fill(ub2, x2, cols, shift, scale, intercept, label_mode, t_label, start, start + batch, z2, y2)
         gsum[:] = 0.0
-        for i in range(start, stop):
+        for i in range(batch):
             pe = a * _row(z1, i, y1, theta, code, tau, hmode)[1]
             for j in range(q):
                 gsum[j] += pe * z1[i, j]
@@ -126,7 +170,7 @@ def run_steps(z1, y1, z2, y2, a, b, code, tau, batch, full, theta, avg, sc, step
             else:
                 anc[:] = theta
             hb[:] = 0.0
-            for i in range(start, stop):
+            for i in range(batch):
                 e1, pe, h1 = _row(z1, i, y1, anc, code, tau, hmode)
                 for j in range(q):
                     gi[j] = a * pe * z1[i, j]
@@ -151,7 +195,7 @@ def run_steps(z1, y1, z2, y2, a, b, code, tau, batch, full, theta, avg, sc, step
                     os_ht[k, j] += acc_ht
                 os_t1[k] += tr
                 os_t2[k] += tr * tr
-            sc[3] += stop - start
+            sc[3] += batch
             sc[4] += 1.0
         t += 1.0
         sc[0] = t
@@ -169,3 +213,19 @@ def run_steps(z1, y1, z2, y2, a, b, code, tau, batch, full, theta, avg, sc, step
                 for m in range(q):
                     rs_a[j, m] += s2 * avg[j] * avg[m]
             sc[2] += s2
+
+_warm = False
+
+
+def warm() -> None:
+    """Compile (or load from numba's on-disk cache) :func:`run_steps` now — ~0.5 s once per
+    process — so that the first record a worker processes does not pay for it."""
+    global _warm
+    if _warm:
+        return
+    u, x, v, c = np.zeros((0, 2)), np.zeros((0, 3)), np.zeros(2), np.zeros(2)
+    run_steps(u, x, u, x, np.arange(2, dtype=np.int64), c, c + 1.0, True, LABEL_RAW, 0.0, 1.0, 1.0,
+              PHI_LOGISTIC, 0.0, 1, 0, v.copy(), v.copy(), np.zeros(5), 1.0, 0.5, 0.0, np.zeros((2, 2)),
+              v.copy(), True, HESS_ANALYTIC, np.ones(1), v.copy(), np.zeros((2, 2)), np.zeros((1, 2, 2)),
+              np.zeros((1, 2)), np.zeros(1), np.zeros(1))
+    _warm = True

@@ -294,38 +294,56 @@ class SGDState(State):
             code, tau = kern.PHI_QUANTILE, float(L.tau)
         else:
             return None
+        k = self.cols.size - 1
+        if isinstance(L.label, _Threshold) and L.label.col == k:
+            label_mode, t_label = kern.LABEL_THRESHOLD, L.label.t
+        elif L.label is None:
+            label_mode, t_label = kern.LABEL_RAW, 0.0
+        else:
+            return None
+        if L.covariates != tuple(range(k)):
+            return None
         hmode = kern.HESS_LADDER if self.hmode == "ladder" else kern.HESS_ANALYTIC
         if method == "dr":
             a, b = 1.0 / self.zero_prob, (1.0 - self.zero_prob) / self.zero_prob
         else:
             a, b = 1.0, 0.0
-        return code, tau, a, b, hmode
+        kern.warm()
+        return code, tau, a, b, hmode, label_mode, float(t_label)
 
-    def _run_kernel(self, u1: np.ndarray, u2: np.ndarray, full: int) -> None:
-        """The mini-batch loop of :meth:`_update` over rows ``[0, full)``, compiled."""
+    def _update_kernel(self, x1: np.ndarray, x2: np.ndarray | None) -> None:
+        """:meth:`_update` with the compiled loop: the buffered rows, then ``x1``/``x2`` (n, d) in
+        original units, standardized inside the loop; the remainder becomes the new buffer."""
         from aggregator.state._sgd_kernel import run_steps
 
-        code, tau, a, b, hmode = self._kernel
-        L = self.loss
-
-        def design(u):
-            return (np.ascontiguousarray(L._design(u), dtype=np.float64),
-                    np.ascontiguousarray(L._y(u), dtype=np.float64))
-
-        z1, y1 = design(u1[:full])
-        z2, y2 = design(u2[:full]) if b != 0.0 else (z1, y1)
+        code, tau, a, b, hmode, label_mode, t_label = self._kernel
+        m, n, B = self.buf1.shape[0], x1.shape[0], int(self.opts.batch_size)
+        full = ((m + n) // B) * B
+        x1 = np.ascontiguousarray(x1, dtype=np.float64)
+        x2 = np.ascontiguousarray(x2, dtype=np.float64) if b != 0.0 else x1
+        ub1 = np.ascontiguousarray(self.buf1, dtype=np.float64)
+        ub2 = np.ascontiguousarray(self.buf2, dtype=np.float64) if b != 0.0 else ub1
         sc = np.array([self.t, self.s, self.rs_c, self.os_m, self.os_nb], dtype=np.float64)
-        own = {k: np.array(getattr(self, k), dtype=np.float64) for k in
-               ("theta", "avg", "rs_a", "rs_b", "os_g", "os_s", "os_h", "os_ht", "os_t1", "os_t2")}
-        o = own
-        run_steps(z1, y1, z2, y2, a, b, code, tau, int(self.opts.batch_size), int(full), o["theta"],
-                  o["avg"], sc, float(self.step0), float(self.opts.step_power), float(self.opts.burn_in),
-                  o["rs_a"], o["rs_b"], bool(self.plugin), hmode, np.ascontiguousarray(self.bw, np.float64),
+        o = {k: np.array(getattr(self, k), dtype=np.float64) for k in
+             ("theta", "avg", "rs_a", "rs_b", "os_g", "os_s", "os_h", "os_ht", "os_t1", "os_t2")}
+        run_steps(ub1, x1, ub2, x2, self.cols.astype(np.int64), np.asarray(self.shift, np.float64),
+                  np.asarray(self.scale, np.float64), bool(self.query.intercept), label_mode, t_label, a, b,
+                  code, tau, B, full, o["theta"], o["avg"], sc, float(self.step0),
+                  float(self.opts.step_power), float(self.opts.burn_in), o["rs_a"], o["rs_b"],
+                  bool(self.plugin), hmode, np.ascontiguousarray(self.bw, np.float64),
                   o["os_g"], o["os_s"], o["os_h"], o["os_ht"], o["os_t1"], o["os_t2"])
-        for k, v in own.items():
+        for k, v in o.items():
             setattr(self, k, v)
         self.t, self.s, self.rs_c = int(sc[0]), int(sc[1]), float(sc[2])
         self.os_m, self.os_nb = float(sc[3]), float(sc[4])
+
+        def tail(buf, x):
+            if full >= m:
+                return self._std(x[full - m:])
+            return np.vstack([buf[full:], self._std(x)])
+
+        self.buf1 = tail(self.buf1, x1)
+        self.buf2 = tail(self.buf2, x2) if self.closs.needs_x2 else self.buf1
 
     def _batch_hessian(self, x1: np.ndarray, x2: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """Corrected θ-Hessian summed over one mini-batch, shape (K, q, q).
@@ -399,6 +417,10 @@ class SGDState(State):
 
     def _update(self, batch, x2) -> None:
         need_x2 = self.closs.needs_x2
+        if self._kernel is not None:
+            self._update_kernel(batch.numeric, self._require_x2(x2) if need_x2 else None)
+            self._check_finite()
+            return
         u1 = self._std(batch.numeric)
         u2 = self._std(self._require_x2(x2)) if need_x2 else u1
         if self.buf1.shape[0]:
@@ -410,10 +432,7 @@ class SGDState(State):
         grad = self.closs.grad
         theta, avg = self.theta, self.avg
         acc = self.plugin
-        if self._kernel is not None:
-            self._run_kernel(u1, u2, full)
-            theta, avg = self.theta, self.avg
-        for start in range(0, full if self._kernel is None else 0, B):
+        for start in range(0, full, B):
             x1b, x2b = u1[start:start + B], u2[start:start + B]
             gi = grad(x1b, x2b, theta)
             if acc and self.t >= burn:
@@ -435,12 +454,15 @@ class SGDState(State):
                 self.rs_a += s2 * np.outer(avg, avg)
                 self.rs_b += s2 * avg
                 self.rs_c += s2
-        if not np.all(np.isfinite(theta)):
-            raise StateError(f"query {self.name!r}: SGD diverged (non-finite iterate at step {self.t}); "
-                             "lower sgd.step0")
         self.theta, self.avg = theta, avg
+        self._check_finite()
         self.buf1 = u1[full:].copy()
         self.buf2 = u2[full:].copy() if need_x2 else self.buf1
+
+    def _check_finite(self) -> None:
+        if not np.all(np.isfinite(self.theta)):
+            raise StateError(f"query {self.name!r}: SGD diverged (non-finite iterate at step {self.t}); "
+                             "lower sgd.step0")
 
     def _own_summary(self) -> tuple[np.ndarray, np.ndarray, int] | None:
         if self.s < 2:

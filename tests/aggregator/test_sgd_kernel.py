@@ -46,7 +46,7 @@ def test_kernel_equals_python_loop(qd):
 
     # uneven chunks: remainders are buffered between updates on both paths
     chunks, rest = [], (batch, x2)
-    for at in (1, 700, 1999, 45):
+    for at in (1, 3, 700, 5, 1999, 45):
         head, tail = split(rest[0], rest[1], at)
         chunks.append(head)
         rest = tail
