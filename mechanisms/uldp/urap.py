@@ -222,23 +222,26 @@ class URAP(FrequencyMechanism):
         if reports.k != self.k:
             raise ParameterError(f"reports must have k={self.k} bits, got k={reports.k}")
         n = reports.n
-        idx = reports.indices.astype(np.int64)
-        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(reports.offsets))
-        rk = self._rank[idx]
+        off = reports.offsets
+        rk = self._rank[reports.indices]
         ns = rk < 0
-        n_ns = np.bincount(rows[ns], minlength=n)
+        # non-sensitive bits per report from a cumulative sum at the offsets (no per-entry rows)
+        cs = np.zeros(ns.size + 1, dtype=np.int64)
+        np.cumsum(ns, out=cs[1:])
+        n_ns = cs[off[1:]] - cs[off[:-1]]
         if n and n_ns.max(initial=0) > 1:
             bad = int(np.argmax(n_ns > 1))
             raise ParameterError(f"reports: report {bad} has {n_ns[bad]} non-sensitive bits set (max 1)")
         protected = n_ns == 0
         s = self.s
-        ent = protected[rows]  # entries of protected reports (all sensitive)
-        prow, prank = rows[ent], rk[ent]
+        ent = np.repeat(protected, np.diff(off))  # entries of protected reports (all sensitive)
+        prank = rk[ent]
         if self.max_patterns > 0:
-            patterns = _pattern_counts(np.nonzero(protected)[0], prow, prank, s)
+            rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(off))
+            patterns = _pattern_counts(np.nonzero(protected)[0], rows[ent], prank, s)
             patterns, ov_n, ov_b = cap_patterns(patterns, self.max_patterns, s)
         else:
-            patterns, ov_n = {}, int(protected.sum())
+            patterns, ov_n = {}, int(np.count_nonzero(protected))
             ov_b = np.bincount(prank, minlength=s).astype(np.int64)
         return FrequencyCounts(self.signature, n, reports.column_counts(), patterns, ov_n, ov_b,
                                self.max_patterns)
