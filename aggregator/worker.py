@@ -31,7 +31,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,6 +311,10 @@ class Worker:
         boundaries and restarts (bit-identical replays).
     max_poll_records : int
         ``max_records`` per ``poll`` (≥ 1).
+    overlap : bool
+        Apply each update on a background thread while the main thread polls and decodes the
+        next records (one update in flight; states, offsets and checkpoints are identical — every
+        checkpoint, revoke and shutdown first waits for it). ``False`` updates inline.
     metrics : WorkerMetrics or None
         ``None`` creates one with a private registry.
     producer_config : mapping or None
@@ -329,7 +335,7 @@ class Worker:
                  reports_topic: str, state_topic: str, dead_letter_topic: str, group_id: str,
                  checkpoint_interval_s: float = 5.0, checkpoint_reports: int = 100_000,
                  max_record_bytes: int = 16 * 1024 * 1024, coalesce: bool = True,
-                 max_poll_records: int = 500, metrics: WorkerMetrics | None = None,
+                 max_poll_records: int = 500, overlap: bool = True, metrics: WorkerMetrics | None = None,
                  producer_config: Mapping[str, Any] | None = None,
                  consumer_config: Mapping[str, Any] | None = None) -> None:
         for arg, val in (("reports_topic", reports_topic), ("state_topic", state_topic),
@@ -360,6 +366,7 @@ class Worker:
         self.max_record_bytes = int(max_record_bytes)
         self.coalesce = bool(coalesce)
         self.max_poll_records = int(max_poll_records)
+        self.overlap = bool(overlap)
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.producer_config = {"acks": "all", **dict(producer_config or {})}
         self.consumer_config = dict(consumer_config or {})
@@ -377,6 +384,9 @@ class Worker:
         self._consumer = None
         self._producer = None
         self._reader: StateTopicReader | None = None
+        self._updater: ThreadPoolExecutor | None = None
+        self._inflight: deque[Future] = deque()  # guarded by self._lock
+        self._failure: BaseException | None = None  # a failed update: no checkpoint may follow
 
     # ---------------------------------------------------------------------------------- clients
     def _client_kwargs(self, keys_to_drop: tuple[str, ...] = ()) -> dict:
@@ -384,6 +394,9 @@ class Worker:
 
     def _open(self) -> None:
         from kafka import KafkaConsumer, KafkaProducer
+
+        if self.overlap:
+            self._updater = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ldp-update")
 
         group_keys = ("session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
                       "group_id", "enable_auto_commit", "auto_offset_reset", "rebalance_timeout_ms",
@@ -435,6 +448,7 @@ class Worker:
             if todo and not self._closing:
                 # the producer is a separate client: publishing + flushing here is short and safe
                 try:
+                    self._drain()
                     self._publish(todo)
                 except Exception:
                     log.exception("checkpoint on revoke failed; the next owner replays from the last one")
@@ -568,10 +582,37 @@ class Worker:
             self.metrics.last_processed.set(time.time())
         return n_reports
 
-    @staticmethod
-    def _update(ps: PartitionState, batch: ReportBatch, x2: np.ndarray) -> None:
-        for st in ps.states.values():
-            st.update(batch, x2)
+    def _update(self, ps: PartitionState, batch: ReportBatch, x2: np.ndarray) -> None:
+        """Fold a batch into the partition's states: inline, or on the update thread with at most
+        one update in flight (the caller holds ``self._lock``)."""
+        if self._failure is not None:
+            raise self._failure
+        if self._updater is None:
+            self._apply(ps.states, batch, x2)
+            return
+        self._inflight.append(self._updater.submit(self._apply, ps.states, batch, x2))
+        while len(self._inflight) > 1:
+            self._wait_one()
+
+    def _apply(self, states: dict, batch: ReportBatch, x2: np.ndarray) -> None:
+        try:
+            for st in states.values():
+                st.update(batch, x2)
+        except BaseException as exc:
+            # offsets already moved past this batch: publishing any later checkpoint would lose
+            # it, so the worker must stop without one (its restart replays from the last)
+            self._failure = exc
+            raise
+
+    def _wait_one(self) -> None:
+        self._inflight.popleft().result()
+
+    def _drain(self) -> None:
+        """Wait until every submitted update is folded in (re-raising a failed one)."""
+        while self._inflight:
+            self._wait_one()
+        if self._failure is not None:
+            raise self._failure
 
     # ------------------------------------------------------------------------------ checkpoints
     def _publish(self, parts: list[PartitionState]) -> dict:
@@ -585,6 +626,9 @@ class Worker:
 
         if not parts:
             return {}
+        if self._failure is not None:
+            raise AggregatorError(f"a state update failed ({self._failure!r}); no checkpoint is published "
+                                  "after it") from self._failure
         futures = []
         for ps in parts:
             ck = ps.to_checkpoint(self.runtime)
@@ -614,6 +658,7 @@ class Worker:
         """
         t0 = time.perf_counter()
         with self._lock:
+            self._drain()
             parts = [ps for ps in self.owned.values() if force or ps.dirty]
             offsets = self._publish(parts)
             self._since_ckpt_reports = 0
@@ -746,10 +791,16 @@ class Worker:
 
     def _shutdown(self) -> None:
         try:
-            if self._consumer is not None and self._producer is not None:
+            if self._failure is not None:
+                log.error("no final checkpoint: a state update failed (%r); the next start replays "
+                          "from the last checkpoint", self._failure)
+            elif self._consumer is not None and self._producer is not None:
                 self.checkpoint()
         except Exception:
             log.exception("final checkpoint failed")
+        if self._updater is not None:
+            self._updater.shutdown(wait=True)
+            self._updater = None
         self._closing = True
         for client in (self._consumer, self._producer):
             if client is not None:
@@ -861,7 +912,7 @@ def ensure_topics(config) -> None:
 
 
 def worker_from_config(config, *, group_id: str | None = None, metrics: WorkerMetrics | None = None,
-                       coalesce: bool = True, max_poll_records: int = 500) -> Worker:
+                       coalesce: bool = True, max_poll_records: int = 500, overlap: bool = True) -> Worker:
     """Build a :class:`Worker` from a :class:`aggregator.config.PipelineConfig`.
 
     Raises
@@ -877,5 +928,6 @@ def worker_from_config(config, *, group_id: str | None = None, metrics: WorkerMe
         dead_letter_topic=config.topics.dead_letter, group_id=group_id or w.group_id,
         checkpoint_interval_s=w.checkpoint_interval_s, checkpoint_reports=w.checkpoint_reports,
         max_record_bytes=w.max_record_bytes, coalesce=coalesce, max_poll_records=max_poll_records,
+        overlap=overlap,
         metrics=metrics, consumer_config=fast_group_settings(),
     )
