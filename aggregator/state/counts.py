@@ -11,6 +11,9 @@ import numpy as np
 from aggregator.errors import ConfigError, StateError
 from aggregator.state._fields import categorical_params
 from aggregator.state.base import Estimate, State
+from mechanisms.errors import ParameterError
+from mechanisms.uldp.counts import FrequencyCounts
+from mechanisms.uldp.sparse import SparseBits
 
 __all__ = ["CountsState"]
 
@@ -50,6 +53,15 @@ class CountsState(State):
             # the distinct sensitive-bit patterns of uRAP reports serve only EM; counting them
             # was 3/4 of a worker's cost for this state (dict of hex keys per record)
             self.mechanism.max_patterns = 0
+        self._fast = None
+        from mechanisms.uldp import URAP
+
+        if isinstance(self.mechanism, URAP) and self.mechanism.max_patterns == 0:
+            from aggregator.state import _kernels
+
+            _kernels.warm()
+            rank = np.asarray(self.mechanism._rank, dtype=np.int64)
+            self._fast = (_kernels.urap_counts, rank, self.mechanism.signature)
         self.params = categorical_params(schema, field)
         self.counts = self.mechanism.empty_counts()
 
@@ -58,7 +70,20 @@ class CountsState(State):
             col = batch.categorical[self.query.field]
         except KeyError:
             raise StateError(f"batch has no categorical column {self.query.field!r}") from None
-        self.counts += self.mechanism.counts(col)
+        if self._fast is not None and isinstance(col, SparseBits) and col.k == self.mechanism.k:
+            self.counts += self._urap_counts(col)
+        else:
+            self.counts += self.mechanism.counts(col)
+
+    def _urap_counts(self, col) -> FrequencyCounts:
+        """``mechanism.counts(col)`` for uRAP without pattern tracking, by the compiled loop
+        (:func:`aggregator.state._kernels.urap_counts`; equal results, test_kernels)."""
+        kernel, rank, signature = self._fast
+        m = self.mechanism
+        counts, protected, ob, bad, nbad = kernel(col.indices, col.offsets, rank, m.k, m.s)
+        if bad >= 0:
+            raise ParameterError(f"reports: report {bad} has {nbad} non-sensitive bits set (max 1)")
+        return FrequencyCounts(signature, col.n, counts, {}, int(protected), ob, 0)
 
     def _merge(self, other: CountsState) -> None:
         self.counts = self.counts + other.counts
@@ -80,8 +105,6 @@ class CountsState(State):
         return {"counts": self.counts.to_dict()}
 
     def _set_data(self, data: dict) -> None:
-        from mechanisms.uldp.counts import FrequencyCounts
-
         counts = FrequencyCounts.from_dict(data["counts"])
         if counts.signature != self.counts.signature:
             raise StateError("serialized counts belong to another mechanism")

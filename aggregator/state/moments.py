@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aggregator.state import _kernels
 from aggregator.state._fields import numeric_columns, zil_of
 from aggregator.state.base import Estimate, State, normal_critical
 
@@ -85,6 +86,7 @@ class MomentsState(State):
         self.mean = np.zeros(4)
         self.comoment = np.zeros((4, 4))
         self.params = (self.query.kind,)
+        _kernels.warm()
 
     def _update(self, batch, x2) -> None:
         a = batch.numeric[:, self.col]
@@ -92,11 +94,8 @@ class MomentsState(State):
             b = self._require_x2(x2)[:, self.col]
         else:
             b = a if x2 is None else x2[:, self.col]
-        z = np.column_stack([a, b, a * a, b * b])
-        mb = z.mean(axis=0)
-        d = z - mb
-        cb = d.T @ d
-        _, self.mean, self.comoment = chan_merge(self._n, self.mean, self.comoment, z.shape[0], mb, cb)
+        mb, cb = _kernels.moments_batch(a, b)  # mean and centred cross-products of (a, b, a², b²)
+        _, self.mean, self.comoment = chan_merge(self._n, self.mean, self.comoment, a.shape[0], mb, cb)
 
     def _merge(self, other: MomentsState) -> None:
         _, self.mean, self.comoment = chan_merge(self._n, self.mean, self.comoment,
