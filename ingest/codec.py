@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from ingest.batch import ReportBatch
+from ingest.batch import ReportBatch, concat_batches
 from ingest.errors import DecodeError, SchemaError
 from ingest.schema import TelemetrySchema
 from mechanisms.uldp.sparse import SparseBits
@@ -53,6 +54,7 @@ __all__ = [
     "UnknownFingerprintError",
     "UnsupportedVersionError",
     "decode",
+    "decode_many",
     "encode",
     "peek_header",
 ]
@@ -273,12 +275,78 @@ def decode(data: bytes, known_schemas: Mapping[bytes, TelemetrySchema], *,
         (``internal_error`` would mean a decoder bug). Never any other exception.
     """
     try:
-        return _decode(data, known_schemas, max_reports, max_bytes)
+        return _materialize([_parse(data, known_schemas, max_reports, max_bytes)])
     except DecodeError:
         raise
     except Exception as exc:  # safety net: a wire record must never crash a worker
         logger.exception("unexpected error while decoding a record")
         raise InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}") from exc
+
+
+def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema], *,
+                max_reports: int = DEFAULT_MAX_REPORTS, max_bytes: int = DEFAULT_MAX_BYTES,
+                ) -> tuple[ReportBatch | None, list[int | DecodeError]]:
+    """Decode several records into one batch: the same validation as :func:`decode` per record,
+    with the array work done once for all of them.
+
+    Headers and block layouts are parsed record by record (scalar checks); the numeric blocks and
+    each field's payloads are then concatenated and decoded and validated together. If that finds
+    a bad value, or the records' layouts differ, every record is decoded alone so that each
+    failure is attributed to its record with the same error :func:`decode` raises.
+
+    Parameters
+    ----------
+    values : sequence of bytes-like
+        Records (in stream order).
+    known_schemas, max_reports, max_bytes
+        As in :func:`decode`.
+
+    Returns
+    -------
+    batch : ReportBatch or None
+        The reports of every decodable record, in order (None if there is none). One batch holds
+        one schema: a record of another known schema than the first is refused with
+        :class:`SchemaMismatchError`.
+    results : list, one entry per record
+        Its report count, or the :class:`DecodeError` that refused it (never raised).
+    """
+    results: list[int | DecodeError] = [0] * len(values)
+    parsed: list[_Parsed] = []
+    where: list[int] = []
+    for i, v in enumerate(values):
+        try:
+            p = _parse(v, known_schemas, max_reports, max_bytes)
+            if parsed and p.schema is not parsed[0].schema:
+                raise SchemaMismatchError(
+                    f"record of schema {p.schema.name!r} among records of {parsed[0].schema.name!r}")
+        except DecodeError as exc:
+            results[i] = exc
+            continue
+        except Exception as exc:  # safety net, as in decode()
+            logger.exception("unexpected error while decoding a record")
+            results[i] = InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")
+            continue
+        parsed.append(p)
+        where.append(i)
+    if not parsed:
+        return None, results
+    try:
+        batch = _materialize(parsed)
+    except Exception:  # a bad value or mixed layouts somewhere: attribute record by record
+        good = []
+        for i, p in zip(where, parsed, strict=True):
+            try:
+                good.append(_materialize([p]))
+                results[i] = p.n
+            except DecodeError as exc:
+                results[i] = exc
+            except Exception as exc:
+                logger.exception("unexpected error while decoding a record")
+                results[i] = InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")
+        return (concat_batches(good) if good else None), results
+    for i, p in zip(where, parsed, strict=True):
+        results[i] = p.n
+    return batch, results
 
 
 def _as_view(data) -> memoryview:
@@ -288,7 +356,18 @@ def _as_view(data) -> memoryview:
     raise MalformedError(f"record must be bytes, got {type(data).__name__}")
 
 
-def _decode(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_bytes: int) -> ReportBatch:
+@dataclass(slots=True)
+class _Parsed:
+    """A record whose header and block layout passed the scalar checks (payloads not decoded)."""
+
+    schema: TelemetrySchema
+    fp: bytes
+    n: int
+    numeric: memoryview
+    blocks: list  # per categorical field: ((kind, width, len_width, k), payload)
+
+
+def _parse(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_bytes: int) -> _Parsed:
     mv = _as_view(data)
     size = len(mv)
     if size > max_bytes:
@@ -318,13 +397,9 @@ def _decode(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_
     nb = n * d * 8
     if pos + nb > size:
         raise TruncatedError(f"numeric block needs {nb} bytes, {size - pos} left")
-    numeric = np.frombuffer(mv, dtype=_F8, count=n * d, offset=pos).reshape(n, d).astype(np.float64)
-    if numeric.size and not np.isfinite(numeric).all():
-        bad = np.argwhere(~np.isfinite(numeric))[0]
-        raise NonFiniteError(
-            f"numeric field {schema.numeric_names[bad[1]]!r}: non-finite value in report {bad[0]}")
+    numeric = mv[pos:pos + nb]
     pos += nb
-    cat: dict[str, np.ndarray | SparseBits] = {}
+    blocks = []
     for f in schema.categorical:
         if pos + _BLOCK.size > size:
             raise TruncatedError(
@@ -340,7 +415,11 @@ def _decode(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_
         if f.mechanism == "urr":
             if kind != KIND_CODES:
                 raise SchemaMismatchError(f"field {f.name!r}: uRR field needs a codes block, got kind {kind}")
-            cat[f.name] = _decode_codes(f.name, payload, n, w, lw, k, f.k)
+            if w not in _UINT or lw != 0 or k != 0:
+                raise MalformedError(
+                    f"field {f.name!r}: bad codes block header (width={w}, len_width={lw}, k={k})")
+            if plen != n * w:
+                raise BadLengthError(f"field {f.name!r}: codes block has {plen} bytes, expected {n * w}")
         else:
             if kind not in (KIND_SPARSE, KIND_BITMAP):
                 raise SchemaMismatchError(f"field {f.name!r}: uRAP field needs a sparse or bitmap block, "
@@ -348,62 +427,141 @@ def _decode(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_
             if k != f.k:
                 raise SchemaMismatchError(f"field {f.name!r}: block has k={k}, schema has k={f.k}")
             if kind == KIND_SPARSE:
-                cat[f.name] = _decode_sparse(f.name, payload, n, w, lw, k)
+                if w not in _UINT or lw not in _UINT:
+                    raise MalformedError(
+                        f"field {f.name!r}: bad sparse block widths (width={w}, len_width={lw})")
+                head = n * lw
+                if plen < head or (plen - head) % w:
+                    raise BadLengthError(f"field {f.name!r}: sparse payload of {plen} bytes does not fit "
+                                         f"{n} lengths of {lw} bytes plus whole {w}-byte indices")
             else:
-                cat[f.name] = _decode_bitmap(f.name, payload, n, w, lw, k)
+                if w or lw:
+                    raise MalformedError(f"field {f.name!r}: bad bitmap block header (width={w}, "
+                                         f"len_width={lw})")
+                rb = (k + 7) // 8
+                if plen != n * rb:
+                    raise BadLengthError(f"field {f.name!r}: bitmap has {plen} bytes, expected {n * rb}")
+        blocks.append(((kind, w, lw, k), payload))
     if pos != size:
         raise TrailingBytesError(f"{size - pos} bytes after the last block")
-    return ReportBatch(bytes(fp), numeric, cat)
+    return _Parsed(schema, bytes(fp), int(n), numeric, blocks)
 
 
-def _decode_codes(name: str, payload: memoryview, n: int, w: int, lw: int, k: int,
-                  k_schema: int) -> np.ndarray:
-    if w not in _UINT or lw != 0 or k != 0:
-        raise MalformedError(f"field {name!r}: bad codes block header (width={w}, len_width={lw}, k={k})")
-    if len(payload) != n * w:
-        raise BadLengthError(f"field {name!r}: codes block has {len(payload)} bytes, expected {n * w}")
-    codes = np.frombuffer(payload, dtype=_UINT[w], count=n)
-    if n and int(codes.max()) >= k_schema:
+def _join(views: list, dtype) -> np.ndarray:
+    """The concatenated contents of byte views as one array of ``dtype``."""
+    if len(views) == 1:
+        return np.frombuffer(views[0], dtype=dtype)
+    return np.concatenate([np.frombuffer(v, dtype=dtype) for v in views])
+
+
+def _materialize(parsed: list[_Parsed]) -> ReportBatch:
+    """Decode and validate the payloads of parsed records of one schema into one batch."""
+    p0 = parsed[0]
+    schema = p0.schema
+    d = schema.dim
+    n = sum(p.n for p in parsed)
+    numeric = _join([p.numeric for p in parsed], _F8).reshape(n, d)
+    numeric = numeric.astype(np.float64, copy=len(parsed) == 1)
+    if numeric.size and not np.isfinite(numeric).all():
+        bad = np.argwhere(~np.isfinite(numeric))[0]
+        raise NonFiniteError(
+            f"numeric field {schema.numeric_names[bad[1]]!r}: non-finite value in report {bad[0]}")
+    cat: dict[str, np.ndarray | SparseBits] = {}
+    for j, f in enumerate(schema.categorical):
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(parsed):
+            groups.setdefault(p.blocks[j][0], []).append(i)
+        if len(groups) == 1:
+            cat[f.name] = _decode_group(f, j, parsed)
+            continue
+        # records encoded this field with different layouts (the encoder picks the smaller of
+        # sparse and bitmap per record): decode each layout's records together, then put every
+        # report back in record order
+        ns = np.array([p.n for p in parsed], dtype=np.int64)
+        starts = np.cumsum(ns) - ns
+        parts = [(_positions(starts[m], ns[m]), _decode_group(f, j, [parsed[i] for i in m]))
+                 for m in groups.values()]
+        cat[f.name] = _interleave(parts, n)
+    return ReportBatch(p0.fp, numeric, cat)
+
+
+def _decode_group(f, j: int, parsed: list[_Parsed]):
+    """Field ``j`` (schema field ``f``) of records that share one block layout, as one column."""
+    kind, w, lw, k = parsed[0].blocks[j][0]
+    payloads = [p.blocks[j][1] for p in parsed]
+    if kind == KIND_CODES:
+        return _decode_codes(f.name, _join(payloads, _UINT[w]), f.k)
+    if kind == KIND_SPARSE:
+        lens = _join([pl[:p.n * lw] for pl, p in zip(payloads, parsed, strict=True)], _UINT[lw])
+        idx = _join([pl[p.n * lw:] for pl, p in zip(payloads, parsed, strict=True)], _UINT[w])
+        nnz = [(len(pl) - p.n * lw) // w for pl, p in zip(payloads, parsed, strict=True)]
+        return _decode_sparse(f.name, lens, idx, [p.n for p in parsed], nnz, k)
+    raw = _join(payloads, np.uint8).reshape(sum(p.n for p in parsed), (k + 7) // 8)
+    return _decode_bitmap(f.name, raw, k)
+
+
+def _positions(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + l)`` over ``zip(starts, lens)``."""
+    total = int(lens.sum())
+    first = np.cumsum(lens) - lens
+    return np.repeat(starts - first, lens) + np.arange(total)
+
+
+def _interleave(parts: list, n: int):
+    """One column of ``n`` reports from ``(report positions, column)`` parts covering 0 … n−1."""
+    if not isinstance(parts[0][1], SparseBits):
+        out = np.empty(n, dtype=np.int32)
+        for pos, col in parts:
+            out[pos] = col
+        return out
+    lens = np.zeros(n, dtype=np.int64)
+    for pos, col in parts:
+        lens[pos] = np.diff(col.offsets)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    idx = np.empty(int(offsets[-1]), dtype=np.int32)
+    for pos, col in parts:
+        idx[_positions(offsets[pos], lens[pos])] = col.indices
+    return _sparse("", idx, offsets, parts[0][1].k)
+
+
+def _decode_codes(name: str, codes: np.ndarray, k_schema: int) -> np.ndarray:
+    if codes.size and int(codes.max()) >= k_schema:
         raise OutOfRangeError(f"field {name!r}: code {int(codes.max())} >= k={k_schema}")
     return codes.astype(np.int32)
 
 
-def _decode_sparse(name: str, payload: memoryview, n: int, w: int, lw: int, k: int) -> SparseBits:
-    if w not in _UINT or lw not in _UINT:
-        raise MalformedError(f"field {name!r}: bad sparse block widths (width={w}, len_width={lw})")
-    head = n * lw
-    if len(payload) < head or (len(payload) - head) % w:
-        raise BadLengthError(f"field {name!r}: sparse payload of {len(payload)} bytes does not fit "
-                             f"{n} lengths of {lw} bytes plus whole {w}-byte indices")
-    nnz = (len(payload) - head) // w
-    lens = np.frombuffer(payload, dtype=_UINT[lw], count=n).astype(np.int64)
+def _decode_sparse(name: str, lens: np.ndarray, idx: np.ndarray, ns: list[int], nnz: list[int],
+                   k: int) -> SparseBits:
+    n, total = lens.size, idx.size
     if n and int(lens.max()) > k:
         raise OutOfRangeError(f"field {name!r}: a report has {int(lens.max())} ones, more than k={k}")
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
-    if offsets[-1] != nnz:
-        raise BadLengthError(f"field {name!r}: report lengths sum to {int(offsets[-1])}, payload holds {nnz}")
-    idx = np.frombuffer(payload, dtype=_UINT[w], count=nnz, offset=head)
-    if nnz and int(idx.max()) >= k:
+    if len(ns) == 1:
+        if offsets[-1] != total:
+            raise BadLengthError(
+                f"field {name!r}: report lengths sum to {int(offsets[-1])}, payload holds {total}")
+    else:  # every record's lengths must sum to its own number of positions
+        ends = np.cumsum(ns)
+        per_record = np.diff(offsets[np.concatenate([[0], ends])])
+        if not np.array_equal(per_record, nnz):
+            raise BadLengthError(f"field {name!r}: report lengths do not match the positions of a record")
+    if total and int(idx.max()) >= k:
         raise OutOfRangeError(f"field {name!r}: bit position {int(idx.max())} >= k={k}")
     idx = idx.astype(np.int32)
-    if nnz > 1:
+    if total > 1:
         inc = idx[1:] > idx[:-1]
         # a non-increase is allowed only where a report starts: mark those positions
         starts = offsets[1:-1]
-        inc[starts[(starts > 0) & (starts < nnz)] - 1] = True
+        inc[starts[(starts > 0) & (starts < total)] - 1] = True
         if not inc.all():
             raise MalformedError(f"field {name!r}: bit positions not strictly increasing within a report")
     return _sparse(name, idx, offsets, k)
 
 
-def _decode_bitmap(name: str, payload: memoryview, n: int, w: int, lw: int, k: int) -> SparseBits:
-    if w or lw:
-        raise MalformedError(f"field {name!r}: bad bitmap block header (width={w}, len_width={lw})")
-    rb = (k + 7) // 8
-    if len(payload) != n * rb:
-        raise BadLengthError(f"field {name!r}: bitmap has {len(payload)} bytes, expected {n * rb}")
-    raw = np.frombuffer(payload, dtype=np.uint8, count=n * rb).reshape(n, rb)
+def _decode_bitmap(name: str, raw: np.ndarray, k: int) -> SparseBits:
+    n = raw.shape[0]
     bits = np.unpackbits(raw, axis=1, bitorder="little")
     if bits.shape[1] > k:
         if bits[:, k:].any():
