@@ -43,7 +43,7 @@ from kafka.errors import KafkaError
 from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader, checkpoint_key
 from aggregator.errors import AggregatorError, ConfigError
 from aggregator.metrics import WorkerMetrics
-from ingest.batch import ReportBatch, concat_batches
+from ingest.batch import ReportBatch, concat_batches, slice_batch
 from ingest.errors import DecodeError
 
 __all__ = [
@@ -81,6 +81,11 @@ class PipelineRuntime:
         Inverse of ``state.to_bytes()`` for the query ``name``; raises on a corrupt blob.
     double : callable (ReportBatch, bytes) → ndarray (n, d)
         ``X̃₂`` of the batch, seeded from the record bytes (DESIGN §2 doubling).
+    decode_many : callable list[bytes] → (ReportBatch or None, list[int or DecodeError]) or None
+        Batched decoder (``ingest.codec.decode_many``); None: ``decode`` record by record.
+    double_many : callable (ReportBatch, list[bytes], list[int]) → ndarray (n, d) or None
+        ``X̃₂`` of a batch made of several records (their bytes and report counts), equal to
+        ``double`` applied record by record; None: ``double`` on slices.
     queries : mapping or None
         Query specs by name (informational; used by analyze/serve).
     schema : object or None
@@ -95,7 +100,8 @@ class PipelineRuntime:
     def __init__(self, name: str, fingerprint: bytes, decode: Callable[[bytes], ReportBatch],
                  new_states: Callable[[], dict], restore_state: Callable[[str, bytes], Any],
                  double: Callable[[ReportBatch, bytes], np.ndarray], queries: Mapping | None = None,
-                 schema: Any = None) -> None:
+                 schema: Any = None, decode_many: Callable | None = None,
+                 double_many: Callable | None = None) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ConfigError(f"pipeline name must be a non-empty string without '/', got {name!r}")
         if not isinstance(fingerprint, bytes) or len(fingerprint) != 16:
@@ -108,6 +114,37 @@ class PipelineRuntime:
         self.double = double
         self.queries = dict(queries or {})
         self.schema = schema
+        self._decode_many = decode_many
+        self._double_many = double_many
+
+    def decode_many(self, values: list) -> tuple[ReportBatch | None, list]:
+        """Decode records into one batch: ``(batch or None, [report count or DecodeError per
+        record])``, the same outcome per record as :attr:`decode` (see ``codec.decode_many``)."""
+        if self._decode_many is not None:
+            return self._decode_many(values)
+        good, results = [], []
+        for v in values:
+            try:
+                b = self.decode(v)
+            except DecodeError as exc:
+                results.append(exc)
+            else:
+                good.append(b)
+                results.append(b.n)
+        return (concat_batches(good) if good else None), results
+
+    def double_many(self, batch: ReportBatch, records: list, counts: list[int]) -> np.ndarray:
+        """``X̃₂`` of a batch made of ``records`` (with ``counts`` reports each, in order): the
+        rows of each record doubled with its own seed, as :attr:`double` does."""
+        if self._double_many is not None:
+            return self._double_many(batch, records, counts)
+        if len(records) == 1:
+            return self.double(batch, records[0])
+        out, start = [], 0
+        for rec, n in zip(records, counts, strict=True):
+            out.append(self.double(slice_batch(batch, start, start + n), rec))
+            start += n
+        return np.concatenate(out, axis=0)
 
     @classmethod
     def from_config(cls, config) -> PipelineRuntime:
@@ -150,24 +187,36 @@ class PipelineRuntime:
 
         sd_double = None if mech is None else np.sqrt(mech.zero_prob * mech.noise_variance)
 
-        def double(batch: ReportBatch, record: bytes) -> np.ndarray:
-            # == mech.double(batch.numeric, rng=doubling_rng(record)), bit for bit (same draws and
-            # arithmetic as mechanisms.zil.sample_sl), without re-validating decoded data
+        def double_many(batch: ReportBatch, records: list, counts: list[int]) -> np.ndarray:
+            # rows of record i: == mech.double(x1_i, rng=doubling_rng(record_i)), bit for bit (the
+            # same draws, written in place, and the arithmetic of mechanisms.zil.sample_sl)
             x1 = batch.numeric
             if mech is None or x1.shape[1] == 0 or batch.n == 0:
                 return x1.copy()
-            gen = state_mod.doubling_rng(record)
-            w = gen.standard_exponential(x1.shape[0])
-            g = gen.standard_normal(x1.shape)
-            g *= np.sqrt(w)[:, None]
+            w = np.empty(x1.shape[0])
+            g = np.empty(x1.shape)
+            start = 0
+            for rec, n in zip(records, counts, strict=True):
+                if n:
+                    gen = state_mod.doubling_rng(rec)
+                    gen.standard_exponential(out=w[start:start + n])
+                    gen.standard_normal(out=g[start:start + n])
+                start += n
+            np.sqrt(w, out=w)
+            g *= w[:, None]
             g *= sd_double
             g += x1
             return g
+
+        def double(batch: ReportBatch, record: bytes) -> np.ndarray:
+            return double_many(batch, [record], [batch.n])
 
         return cls(
             name=_config_pipeline_name(config),
             fingerprint=fp,
             decode=lambda data: codec.decode(data, known),
+            decode_many=lambda values: codec.decode_many(values, known),
+            double_many=double_many,
             new_states=new_states,
             restore_state=restore_state,
             double=double,
@@ -537,7 +586,7 @@ class Worker:
         ps = self.owned.get(partition)
         if ps is None:
             return 0  # not restored yet (or revoked): the records will be fetched again
-        pending: list[tuple[ReportBatch, np.ndarray]] = []
+        todo = []  # (record, reason it is refused before decoding or None), in offset order
         n_reports = 0
         for rec in records:
             if rec.offset < ps.next_offset:
@@ -548,39 +597,48 @@ class Worker:
                 log.warning("partition %d: offsets [%d, %d) missing from the log", partition,
                             ps.next_offset, rec.offset)
                 self.metrics.offset_gap.labels(partition=str(partition)).inc(gap)
-            value = rec.value
-            try:
-                if value is None:
-                    raise _Rejected("empty")
-                if len(value) > self.max_record_bytes:
-                    raise _Rejected("oversized")
-                batch = self.runtime.decode(value)
-                if batch.fingerprint != self.runtime.fingerprint:
-                    raise _Rejected("unknown_fingerprint")
-            except (DecodeError, _Rejected) as exc:
-                self._dead_letter(rec, getattr(exc, "reason", "malformed"))
-                ps.next_offset = rec.offset + 1
-                ps.dirty = True
-                continue
-            x2 = self.runtime.double(batch, value)
-            if self.coalesce:
-                pending.append((batch, x2))
-            else:
-                self._update(ps, batch, x2)
             ps.next_offset = rec.offset + 1
-            ps.records += 1
             ps.dirty = True
-            n_reports += batch.n
-            self.metrics.records.inc()
-        if pending:
-            batch = concat_batches([b for b, _ in pending])
-            x2 = np.concatenate([x for _, x in pending], axis=0) if len(pending) > 1 else pending[0][1]
-            self._update(ps, batch, x2)
+            value = rec.value
+            refused = ("empty" if value is None
+                       else "oversized" if len(value) > self.max_record_bytes else None)
+            todo.append((rec, refused))
+            if not self.coalesce:
+                n_reports += self._fold(ps, todo)
+                todo = []
+        if todo:
+            n_reports += self._fold(ps, todo)
         if n_reports or records:
-            ps.reports += n_reports
-            self.metrics.reports.inc(n_reports)
             self.metrics.last_processed.set(time.time())
         return n_reports
+
+    def _fold(self, ps: PartitionState, todo: list) -> int:
+        """Decode the records of ``todo`` as one batch, dead-letter the refused and undecodable
+        ones (in offset order), double each record's rows with its own seed and hand the batch to
+        :meth:`_update`; returns its report count."""
+        values = [rec.value for rec, refused in todo if refused is None]
+        batch, results = self.runtime.decode_many(values) if values else (None, [])
+        if batch is not None and batch.fingerprint != self.runtime.fingerprint:
+            results = [_Rejected("unknown_fingerprint") if isinstance(r, int) else r for r in results]
+            batch = None
+        decoded = iter(results)
+        good, counts = [], []
+        for rec, refused in todo:
+            res = _Rejected(refused) if refused is not None else next(decoded)
+            if isinstance(res, int):
+                good.append(rec.value)
+                counts.append(res)
+            else:
+                self._dead_letter(rec, getattr(res, "reason", "malformed"))
+        if batch is None or not good:
+            return 0
+        x2 = self.runtime.double_many(batch, good, counts)
+        self._update(ps, batch, x2)
+        ps.records += len(good)
+        ps.reports += batch.n
+        self.metrics.records.inc(len(good))
+        self.metrics.reports.inc(batch.n)
+        return batch.n
 
     def _update(self, ps: PartitionState, batch: ReportBatch, x2: np.ndarray) -> None:
         """Fold a batch into the partition's states: inline, or on the update thread with at most
