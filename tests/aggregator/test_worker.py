@@ -198,3 +198,55 @@ def test_fast_doubling_is_zil_double_bit_for_bit(runtime, records):
     for r in records[:4]:
         b = runtime.decode(r)
         assert np.array_equal(runtime.double(b, r), mech.double(b.numeric, rng=doubling_rng(r)))
+
+
+def _with_update_thread(w):
+    from concurrent.futures import ThreadPoolExecutor
+
+    w._updater = ThreadPoolExecutor(max_workers=1)
+    return w
+
+
+def test_updates_on_the_update_thread_equal_inline_updates(runtime, records):
+    inline, bg = make_worker(runtime), _with_update_thread(make_worker(runtime, overlap=True))
+    recs = [rec(i, r) for i, r in enumerate(records)]
+    for w in (inline, bg):
+        w._process(0, recs[:5])
+        w._process(0, recs[5:])
+        assert w.checkpoint(force=True) == 1
+    (_, _, a, _), (_, _, b, _) = inline._producer.sent[-1], bg._producer.sent[-1]
+    ca, cb = Checkpoint.from_bytes(a), Checkpoint.from_bytes(b)
+    assert ca.states == cb.states and ca.next_offset == cb.next_offset == len(records)
+    bg._updater.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_failed_update_stops_checkpoints(runtime, records, overlap, caplog):
+    """Offsets move past a batch before its update completes: after a failed update no checkpoint
+    may be published (it would skip the batch); the worker stops and replays from the last one."""
+    w = make_worker(runtime, overlap=overlap)
+    if overlap:
+        _with_update_thread(w)
+    w._process(0, [rec(0, records[0])])
+    assert w.checkpoint(force=True) == 1
+    sent = len(w._producer.sent)
+    st = next(iter(w.owned[0].states.values()))
+
+    def boom(batch, x2):
+        raise RuntimeError("state update failed")
+
+    st.update = boom
+    if overlap:
+        w._process(0, [rec(1, records[1])])  # submitted; the failure surfaces at the next wait
+        with pytest.raises(RuntimeError, match="state update failed"):
+            w.checkpoint(force=True)
+    else:
+        with pytest.raises(RuntimeError, match="state update failed"):
+            w._process(0, [rec(1, records[1])])
+    with pytest.raises(Exception, match="state update failed"):
+        w.checkpoint(force=True)
+    with pytest.raises(RuntimeError):
+        w._process(0, [rec(2, records[2])])
+    w._shutdown()
+    assert len(w._producer.sent) == sent  # nothing published after the failure
+    assert "no final checkpoint" in caplog.text

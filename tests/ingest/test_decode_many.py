@@ -133,4 +133,5 @@ def test_mixed_block_layouts_are_combined_without_falling_back(monkeypatch):
     monkeypatch.setattr(codec, "_materialize", lambda parsed: calls.append(len(parsed)) or real(parsed))
     batch, results = decode_many(values, KNOWN)
     assert calls == [len(values)]  # one combined pass, no record-by-record fallback
+    assert results == [decode(v, KNOWN).n for v in values]
     _assert_same_batch(batch, concat_batches([decode(v, KNOWN) for v in values]))
