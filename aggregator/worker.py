@@ -5,9 +5,11 @@ The worker is a kafka-python ``KafkaConsumer`` in a consumer group over the repo
 with ``next_offset`` (the first offset not yet folded in):
 
 * records below ``next_offset`` are skipped and counted (``ldp_duplicates_skipped_total``);
-* each record is decoded (a batch of reports), ``X̃₂ = zil.double(X̃₁, rng=doubling_rng(record))``
-  is drawn once per record — seeded by the record bytes, so a replay is bit-identical — and all
-  query states are updated with the batch;
+* the records of one poll and partition are decoded together (``codec.decode_many``; with
+  ``coalesce=False`` one by one), ``X̃₂ = zil.double(X̃₁, rng=doubling_rng(record))`` is drawn for
+  each record's rows — seeded by the record bytes, so a replay is bit-identical — and all query
+  states are updated with the batch, on an update thread (one update in flight) while the main
+  thread polls and decodes the next records;
 * undecodable records go to the dead-letter topic (value = original bytes, headers ``reason``,
   ``source_topic``, ``source_partition``, ``source_offset``) and are counted by reason; the worker
   goes on;
@@ -19,7 +21,9 @@ with ``next_offset`` (the first offset not yet folded in):
   and the consumer seeks to its ``next_offset`` (no checkpoint: from the earliest offset; an
   undecodable checkpoint: logged, counted, rebuilt from the earliest offset); on revocation the
   partition is checkpointed; on loss it is dropped;
-* :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``.
+* :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``;
+* every checkpoint, revocation and shutdown first waits for the update in flight; a failed update
+  stops the worker without any further checkpoint (its offsets were already past the batch).
 
 kafka-python 3.x runs rebalance callbacks on its network loop, so the callbacks only pause the
 new partitions and flag them (restore happens in the main loop), or publish the small checkpoint

@@ -33,6 +33,11 @@ inference with stochastic gradient descent via random scaling", AAAI):
   from :data:`RS_CRITICAL`, simulated). ``stderr`` is reported as half-width / z_{(1+level)/2}, so
   that ``value ± z·stderr`` is the same interval.
 
+Speed: for logistic and quantile regression with the DR gradient the mini-batch loop runs
+compiled (numba, :mod:`aggregator.state._sgd_kernel`) — the same steps, anchors and sums as the
+Python loop, which SDR/SL estimators and custom losses keep (≈ 3.3 → 0.25 µs per report for the
+thresholded logistic with one-step sums, 1.15 → 0.03 µs for median regression).
+
 Coordinates: for regression queries the fields are standardized by the schema bounds,
 ``u = (x − mid)/(range/2) ∈ [−1, 1]`` (``mid`` = centre of the box; scale only, no shift, without
 an intercept) for stable, well-conditioned steps; the SL noise variance there is ``(2λ)²``.
