@@ -221,6 +221,12 @@ class _Progress:
     estimates: dict = field(default_factory=dict)
     history: list = field(default_factory=list)  # (t, {query: estimate dict})
 
+    def shown_produced(self) -> int:
+        """Reports produced, for display: the producer counts a report once the broker acks it,
+        and a worker may process a record before its ack is back — a processed report was
+        produced, so the display never shows fewer produced than processed."""
+        return max(self.produced, self.processed)
+
     def rate(self) -> float:
         dt = time.monotonic() - self.started
         return self.processed / dt if dt > 0 else 0.0
@@ -485,7 +491,7 @@ def _watch(progress, n_total, workers, serve, children, opts, truth, console) ->
                 live.update(view.render())
             elif time.monotonic() - last_line > 5:
                 last_line = time.monotonic()
-                console.print(f"produced {progress.produced:,} · processed "
+                console.print(f"produced {progress.shown_produced():,} · processed "
                               f"{progress.processed:,}/{n_total:,} · {progress.rate():,.0f} reports/s")
             if progress.producer_error:
                 return
@@ -670,7 +676,7 @@ class _LiveView:
 
         p = self.p
         head = Table.grid(padding=(0, 2))
-        head.add_row(f"produced [bold]{p.produced:,}[/]/{self.n_total:,}",
+        head.add_row(f"produced [bold]{p.shown_produced():,}[/]/{self.n_total:,}",
                      f"processed [bold]{p.processed:,}[/]",
                      f"lag {int(p.lag):,}", f"{p.rate():,.0f} reports/s",
                      f"dead-lettered {p.dead_lettered}")

@@ -29,9 +29,19 @@ def test_demo_exits_zero_and_writes_outputs(demo_run):
     out, proc = demo_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("report.json", "report.md", "estimates_over_reports.png", "frequencies.png",
-                 "tradeoff.png", "pipeline.toml"):
+                 "tradeoff.png", "pipeline.toml", "history.json"):
         assert (out / name).is_file(), name
         assert (out / name).stat().st_size > 0, name
+
+
+def test_progress_lines_never_show_more_processed_than_produced(demo_run):
+    import re
+
+    _, proc = demo_run
+    lines = re.findall(r"produced ([\d,]+) · processed ([\d,]+)/", proc.stdout + proc.stderr)
+    assert lines, "no progress line"
+    for produced, processed in lines:
+        assert int(produced.replace(",", "")) >= int(processed.replace(",", "")), (produced, processed)
 
 
 def test_report_has_every_query_with_ci_truth_and_n(demo_run):
