@@ -250,3 +250,19 @@ def test_a_failed_update_stops_checkpoints(runtime, records, overlap, caplog):
     w._shutdown()
     assert len(w._producer.sent) == sent  # nothing published after the failure
     assert "no final checkpoint" in caplog.text
+
+
+def test_runtime_without_batched_hooks_decodes_and_doubles_record_by_record(runtime, records):
+    """A hand-built PipelineRuntime (only decode/double) gives decode_many/double_many results equal
+    to the batched ones of PipelineRuntime.from_config."""
+    plain = PipelineRuntime(runtime.name, runtime.fingerprint, runtime.decode, runtime.new_states,
+                            runtime.restore_state, runtime.double, schema=runtime.schema)
+    values = [records[0], b"garbage", records[1], records[2]]
+    (b1, r1), (b2, r2) = runtime.decode_many(values), plain.decode_many(values)
+    assert [type(r) for r in r1] == [type(r) for r in r2] and r1[0] == r2[0] == 7
+    np.testing.assert_array_equal(b1.numeric, b2.numeric)
+    good = [v for v, r in zip(values, r1, strict=True) if isinstance(r, int)]
+    counts = [r for r in r1 if isinstance(r, int)]
+    x_fast, x_plain = runtime.double_many(b1, good, counts), plain.double_many(b2, good, counts)
+    np.testing.assert_array_equal(x_fast, x_plain)
+    assert not np.array_equal(x_fast[:7], x_fast[7:14])  # each record has its own seed
