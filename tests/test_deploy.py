@@ -364,6 +364,9 @@ def test_dockerfile_builds_one_non_root_image_with_pip_install():
     user = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert user and user[-1].split(":")[0] not in ("root", "0")
     assert re.search(r'^ENTRYPOINT \["ldp-stream"\]', text, re.M)
+    # the numba kernels are compiled at build time into a cache the runtime user owns
+    assert re.search(r"^ENV NUMBA_CACHE_DIR=\S+", text, re.M)
+    assert "_kernels.warm()" in text and "_sgd_kernel.warm()" in text
     for src in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.M):
         for s in src.split():
             assert (ROOT / s).exists(), f"COPY {s}: not in the repository"
@@ -611,6 +614,12 @@ def test_k8s_objects_are_complete_and_consistent():
         (vol,) = [n for n, p in mounts.items() if cfg.startswith(p + "/")]
         assert vols[vol]["configMap"]["name"] == "ldp-flights-pipeline"
         assert Path(cfg).name in cm["data"]
+        if c["securityContext"].get("readOnlyRootFilesystem"):
+            # numba refuses to load or write its cache without a writable directory
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            cache = env.get("NUMBA_CACHE_DIR", "")
+            writable = [n for n, p in mounts.items() if cache.startswith(p + "/") and "emptyDir" in vols[n]]
+            assert writable, f"{dep}: NUMBA_CACHE_DIR {cache!r} is not on an emptyDir volume"
         ports = {p["containerPort"] for p in c["ports"]}
         if dep == "ldp-worker":
             assert int(_flag_value(c["args"], "--metrics-port")) in ports

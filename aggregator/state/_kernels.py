@@ -22,12 +22,13 @@ Source: DESIGN §5 (state families), §3 (uRAP counts).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from aggregator.state._numba import jit
 
 __all__ = ["histogram3", "moments_batch", "urap_counts", "warm"]
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def moments_batch(a, b):  # pragma: no cover - compiled
     """Mean ``(4,)`` and centred cross-products ``(4, 4)`` of ``z = (a, b, a², b²)``, ``a, b (n,)``."""
     n = a.shape[0]
@@ -57,7 +58,7 @@ def moments_batch(a, b):  # pragma: no cover - compiled
     return mb, cb
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _bin(v, low, inv_w, pad):  # pragma: no cover - compiled
     nb = pad.shape[0] - 2  # number of edges
     g = np.ceil((v - low) * inv_w)
@@ -73,7 +74,7 @@ def _bin(v, low, inv_w, pad):  # pragma: no cover - compiled
     return k
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def histogram3(a, b, low, inv_w, pad, c1, c2, cmax):  # pragma: no cover - compiled
     """Add the bin counts of ``a``, ``b`` and ``max(a, b)`` (each ``(n,)``) to ``c1``, ``c2``,
     ``cmax`` (int64, ``edges.size + 1``) in place; ``pad = [−inf, edges…, +inf]``,
@@ -85,7 +86,7 @@ def histogram3(a, b, low, inv_w, pad, c1, c2, cmax):  # pragma: no cover - compi
         cmax[_bin(x if x >= y else y, low, inv_w, pad)] += 1
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def urap_counts(indices, offsets, rank, k, s):  # pragma: no cover - compiled
     """Per-bit counts of a CSR batch of uRAP reports.
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from aggregator.state._numba import jit
 
 __all__ = ["HESS_ANALYTIC", "HESS_LADDER", "HESS_NONE", "LABEL_RAW", "LABEL_THRESHOLD", "PHI_LOGISTIC",
            "PHI_QUANTILE", "run_steps", "warm"]
@@ -40,7 +41,7 @@ LABEL_THRESHOLD = 1
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@jit(nogil=True, error_model="numpy")
 def _row(z, i, y, theta, code, tau, hmode):
     """(η, φ_η, φ_ηη) of row ``i`` at ``theta`` (φ_ηη only for the analytic Hessian)."""
     eta = 0.0
@@ -52,7 +53,7 @@ def _row(z, i, y, theta, code, tau, hmode):
     return eta, (1.0 if y[i] < eta else 0.0) - tau, 0.0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@jit(nogil=True, error_model="numpy")
 def _add_hess(z, i, r, w_coef, hmode, bw, hb):
     """hb[k] += w_coef · w_k · z_i z_iᵀ for every Hessian rung k (``r``: φ_ηη for the analytic
     Hessian, the kink ``y − η`` for the ladder)."""
@@ -70,7 +71,7 @@ def _add_hess(z, i, r, w_coef, hmode, bw, hb):
                 hb[k, a, b] += za * z[i, b]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@jit(nogil=True, error_model="numpy")
 def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop, zb, yb):
     """Design rows ``zb`` and labels ``yb`` of stream rows ``[start, stop)``: rows ``< len(ub)``
     come from the standardized buffer ``ub``, the others from ``x`` standardized on the fly as
@@ -95,7 +96,7 @@ def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop
                 yb[i] = u
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@jit(nogil=True, error_model="numpy")
 def run_steps(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_label, a, b, code, tau,
               batch, full, theta, avg, sc, step0, step_power, burn, rs_a, rs_b, acc, hmode, bw,
               os_g, os_s, os_h, os_ht, os_t1, os_t2):  # pragma: no cover

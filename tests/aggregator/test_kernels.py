@@ -87,3 +87,15 @@ def test_counts_state_fast_path_equals_mechanism_and_refuses_two_public_bits():
         st.update(bb, x2[:1])
     with pytest.raises(ParameterError, match="report 0 has 2 non-sensitive bits"):
         st.mechanism.counts(bad)
+
+
+def test_jit_compiles_in_process_where_numba_cannot_cache(caplog):
+    """numba refuses ``cache=True`` at import where it finds no writable cache directory (here:
+    a function whose source is ``<string>``); the loops then compile per process, with a warning."""
+    from aggregator.state._numba import jit
+
+    ns: dict = {}
+    exec("def f(x):\n    return x + 1\n", ns)
+    g = jit(nogil=True)(ns["f"])
+    assert g(41) == 42
+    assert "cannot cache f" in caplog.text and "NUMBA_CACHE_DIR" in caplog.text
