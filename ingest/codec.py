@@ -279,8 +279,13 @@ def decode(data: bytes, known_schemas: Mapping[bytes, TelemetrySchema], *,
     except DecodeError:
         raise
     except Exception as exc:  # safety net: a wire record must never crash a worker
-        logger.exception("unexpected error while decoding a record")
-        raise InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}") from exc
+        raise _internal_error(exc) from exc
+
+
+def _internal_error(exc: Exception) -> InternalDecodeError:
+    """Log an unexpected exception of the decoder (a bug) and wrap it as a decode failure."""
+    logger.exception("unexpected error while decoding a record")
+    return InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")
 
 
 def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema], *,
@@ -323,8 +328,7 @@ def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema]
             results[i] = exc
             continue
         except Exception as exc:  # safety net, as in decode()
-            logger.exception("unexpected error while decoding a record")
-            results[i] = InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")
+            results[i] = _internal_error(exc)
             continue
         parsed.append(p)
         where.append(i)
@@ -341,8 +345,7 @@ def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema]
             except DecodeError as exc:
                 results[i] = exc
             except Exception as exc:
-                logger.exception("unexpected error while decoding a record")
-                results[i] = InternalDecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")
+                results[i] = _internal_error(exc)
         return (concat_batches(good) if good else None), results
     for i, p in zip(where, parsed, strict=True):
         results[i] = p.n

@@ -36,7 +36,7 @@ inference with stochastic gradient descent via random scaling", AAAI):
 Speed: for logistic and quantile regression with the DR gradient the mini-batch loop runs
 compiled (numba, :mod:`aggregator.state._sgd_kernel`) — the same steps, anchors and sums as the
 Python loop, which SDR/SL estimators and custom losses keep (≈ 3.3 → 0.25 µs per report for the
-thresholded logistic with one-step sums, 1.15 → 0.03 µs for median regression).
+thresholded logistic with one-step sums, 1.15 → 0.08 µs for median regression).
 
 Coordinates: for regression queries the fields are standardized by the schema bounds,
 ``u = (x − mid)/(range/2) ∈ [−1, 1]`` (``mid`` = centre of the box; scale only, no shift, without
@@ -293,7 +293,7 @@ class SGDState(State):
             return None
         from aggregator.state import _sgd_kernel as kern
 
-        if isinstance(L, LogisticLoss) and not isinstance(L, QuantileRegressionLoss):
+        if isinstance(L, LogisticLoss):
             code, tau = kern.PHI_LOGISTIC, 0.0
         elif isinstance(L, QuantileRegressionLoss):
             code, tau = kern.PHI_QUANTILE, float(L.tau)
