@@ -4,7 +4,7 @@ Reports are already private, so the reports topic can be replayed and re-analyse
 times, with any loss, at no further privacy cost. :func:`replay` reads the reports topic from the
 beginning up to its end (the fetch high watermark — Tansu's ``end_offsets`` can be too small,
 DESIGN §6), decodes every record and draws ``X̃₂`` with the same per-record seed as the worker
-(:func:`aggregator.state.doubling_rng`), so batch and streaming see identical ``(X̃₁, X̃₂)``.
+(:func:`aggregator.state.doubling_draws`), so batch and streaming see identical ``(X̃₁, X̃₂)``.
 :func:`analyze_query` and :func:`analyze_loss` then run the exact batch fits of
 :mod:`mechanisms.estimation` (closed forms or scipy, plug-in sandwich CI).
 """

@@ -6,10 +6,10 @@ with ``next_offset`` (the first offset not yet folded in):
 
 * records below ``next_offset`` are skipped and counted (``ldp_duplicates_skipped_total``);
 * the records of one poll and partition are decoded together (``codec.decode_many``; with
-  ``coalesce=False`` one by one), ``X̃₂ = zil.double(X̃₁, rng=doubling_rng(record))`` is drawn for
-  each record's rows — seeded by the record bytes, so a replay is bit-identical — and all query
-  states are updated with the batch, on an update thread (one update in flight) while the main
-  thread polls and decodes the next records;
+  ``coalesce=False`` one by one), ``X̃₂ = X̃₁ + S′`` (``zil.double``'s distribution, draws from
+  ``aggregator.state.doubling_draws``) is drawn for each record's rows — seeded by the record
+  bytes, so a replay is bit-identical — and all query states are updated with the batch, on an
+  update thread (one update in flight) while the main thread polls and decodes the next records;
 * undecodable records go to the dead-letter topic (value = original bytes, headers ``reason``,
   ``source_topic``, ``source_partition``, ``source_offset``) and are counted by reason; the worker
   goes on;
@@ -156,7 +156,7 @@ class PipelineRuntime:
 
         Uses ``ingest.codec.decode`` with the pipeline's schema as the only known schema,
         ``aggregator.state.build_state(query, schema)`` and the state classes' ``from_bytes``,
-        and ``schema.zil_mechanism().double`` seeded by ``aggregator.state.doubling_rng``.
+        and ``schema.zil_mechanism()``'s doubling with the draws of ``aggregator.state.doubling_draws``.
 
         Raises
         ------
@@ -192,22 +192,12 @@ class PipelineRuntime:
         sd_double = None if mech is None else np.sqrt(mech.zero_prob * mech.noise_variance)
 
         def double_many(batch: ReportBatch, records: list, counts: list[int]) -> np.ndarray:
-            # rows of record i: == mech.double(x1_i, rng=doubling_rng(record_i)), bit for bit (the
-            # same draws, written in place, and the arithmetic of mechanisms.zil.sample_sl)
+            # X̃₂ = X̃₁ + sqrt(δ·noise_variance)·sqrt(W)·G: zil.double's S′ ~ SL_d(δλ² diag(range²))
+            # with each record's draws from its own stream (independent of the batching)
             x1 = batch.numeric
             if mech is None or x1.shape[1] == 0 or batch.n == 0:
                 return x1.copy()
-            w = np.empty(x1.shape[0])
-            g = np.empty(x1.shape)
-            start = 0
-            for rec, n in zip(records, counts, strict=True):
-                if n:
-                    gen = state_mod.doubling_rng(rec)
-                    gen.standard_exponential(out=w[start:start + n])
-                    gen.standard_normal(out=g[start:start + n])
-                start += n
-            np.sqrt(w, out=w)
-            g *= w[:, None]
+            g = state_mod.doubling_draws(records, counts, x1.shape[1])
             g *= sd_double
             g += x1
             return g

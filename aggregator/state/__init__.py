@@ -7,11 +7,12 @@
 * :class:`SGDState` — averaged SGD with random-scaling CIs (``logistic_regression``,
   ``quantile_regression``, ``custom``).
 
-Use :func:`build_state` (query, schema) → state; :func:`doubling_rng` seeds the consumer-side
-doubling from the record bytes. See :mod:`aggregator.state.base` for the common API.
+Use :func:`build_state` (query, schema) → state; :func:`doubling_draws` gives the consumer-side
+doubling draws of records, seeded by their bytes (:func:`doubling_seed`). See
+:mod:`aggregator.state.base` for the common API.
 """
 
-from aggregator.state.base import EmptyStateError, Estimate, State, doubling_rng
+from aggregator.state.base import EmptyStateError, Estimate, State, doubling_draws, doubling_seed
 from aggregator.state.counts import CountsState
 from aggregator.state.gram import GramState
 from aggregator.state.histogram import HistogramState
@@ -33,6 +34,7 @@ __all__ = [
     "SGDState",
     "State",
     "build_state",
-    "doubling_rng",
+    "doubling_draws",
+    "doubling_seed",
     "register_state",
 ]

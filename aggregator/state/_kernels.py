@@ -14,6 +14,8 @@ compute the same quantities in one pass each without the GIL:
   exact ±1 correction;
 * :func:`urap_counts` — ``URAP.counts`` without pattern tracking (``max_patterns = 0``): per-bit
   counts, the ≤ 1 non-sensitive-bit check, and the per-bit counts of protected reports.
+* :func:`sl_draws` — the consumer's doubling draws ``sqrt(W)·G`` (standard ``SL_d(I)``) of many
+  records at once from per-record SplitMix64 streams (see ``aggregator.state.base.doubling_draws``).
 
 Each is checked against an independent NumPy computation in ``tests/aggregator/test_kernels.py``.
 Source: DESIGN §5 (state families), §3 (uRAP counts).
@@ -23,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from aggregator.state._numba import jit
+from ingest._numba import jit
 
-__all__ = ["histogram3", "moments_batch", "urap_counts", "warm"]
+__all__ = ["histogram3", "moments_batch", "sl_draws", "urap_counts", "warm"]
 
 
 @jit(nogil=True)
@@ -136,6 +138,47 @@ def urap_counts(indices, offsets, rank, k, s):  # pragma: no cover - compiled
 _warm = False
 
 
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+@jit(nogil=True)
+def _uniform(seed, j):  # pragma: no cover - compiled
+    """Draw ``j`` (≥ 1) of SplitMix64 seeded with ``seed`` as a double in (0, 1):
+    ``((mix(seed + j·γ) >> 11) + 0.5) · 2⁻⁵³`` (mix = Stafford's variant 13, SplitMix64's output)."""
+    z = seed + np.uint64(j) * _GAMMA
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (float(z >> np.uint64(11)) + 0.5) * 1.1102230246251565e-16
+
+
+@jit(nogil=True)
+def sl_draws(seeds, counts, out):  # pragma: no cover - compiled
+    """Fill ``out`` ``(Σ counts, d)`` with standard ``SL_d(I)`` draws ``sqrt(W)·G``.
+
+    The ``counts[r]`` rows of record ``r`` come from SplitMix64 seeded with ``seeds[r]`` (uint64):
+    row ``i`` of the record uses draws ``j = i·(1 + 2p) + 1 … (i + 1)·(1 + 2p)``, ``p = ⌈d/2⌉``:
+    ``W = −log u_j`` from the first, then Box–Muller pairs ``r = sqrt(−2 log u)``,
+    ``θ = 2π u′`` giving ``G = (r cos θ, r sin θ, …)`` (the last sine dropped when ``d`` is odd).
+    """
+    d = out.shape[1]
+    p = (d + 1) // 2
+    per_row = 1 + 2 * p
+    row = 0
+    for r in range(seeds.shape[0]):
+        seed = seeds[r]
+        for i in range(counts[r]):
+            j = i * per_row + 1
+            sw = np.sqrt(-np.log(_uniform(seed, j)))
+            for t in range(p):
+                rad = np.sqrt(-2.0 * np.log(_uniform(seed, j + 1 + 2 * t))) * sw
+                theta = 6.283185307179586 * _uniform(seed, j + 2 + 2 * t)
+                out[row, 2 * t] = rad * np.cos(theta)
+                if 2 * t + 1 < d:
+                    out[row, 2 * t + 1] = rad * np.sin(theta)
+            row += 1
+
+
 def warm() -> None:
     """Compile or load these kernels now (once per process), not on a worker's first record."""
     global _warm
@@ -149,4 +192,5 @@ def warm() -> None:
     histogram3(v, v, 0.0, 1.0, pad, c, c.copy(), c.copy())
     histogram3(v[::2], v[::2], 0.0, 1.0, pad, c, c.copy(), c.copy())
     urap_counts(np.zeros(1, np.int32), np.array([0, 1]), np.array([0, -1]), 2, 1)
+    sl_draws(np.zeros(1, np.uint64), np.ones(1, np.int64), np.empty((1, 2)))
     _warm = True

@@ -3,8 +3,8 @@
 A *state* is the mergeable, serializable summary a worker keeps per (query, partition):
 
 * ``update(batch, x2)`` folds in a :class:`ingest.batch.ReportBatch`; ``x2`` is the consumer-side
-  doubled numeric block ``X̃₂ = zil.double(batch.numeric, rng)`` drawn ONCE per record (use
-  :func:`doubling_rng` on the record bytes) and passed to every state;
+  doubled numeric block ``X̃₂ = X̃₁ + sqrt(δλ²)·range·sqrt(W)·G`` (``zil.double``'s distribution)
+  drawn from :func:`doubling_draws` of the record bytes and passed to every state;
 * ``merge(other)`` / ``+`` / ``+=`` combine partitions (exact for sufficient statistics);
 * ``estimate()`` returns an :class:`Estimate` in original units;
 * ``to_bytes()`` / ``from_bytes(data, query, schema)`` use plain data — a JSON document with
@@ -23,9 +23,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import crc32c
 import numpy as np
-from numpy.random.bit_generator import ISeedSequence
+import xxhash
 from scipy import stats
 
 from aggregator.errors import StateError
@@ -37,7 +36,8 @@ __all__ = [
     "Estimate",
     "State",
     "decode_arrays",
-    "doubling_rng",
+    "doubling_draws",
+    "doubling_seed",
     "encode_arrays",
     "normal_critical",
 ]
@@ -52,64 +52,64 @@ class EmptyStateError(StateError):
     """``estimate()`` was called on a state that has not seen enough reports."""
 
 
-class _DigestSeed(ISeedSequence):
-    """Seed material for a bit generator taken verbatim from a 256-bit digest (4 uint64 words).
-
-    ``SeedSequence`` would mix an already uniform digest again at ~25 µs per record; PCG64 reads
-    exactly these 4 words (128-bit state and increment).
-    """
-
-    __slots__ = ("words",)
-
-    def __init__(self, digest: bytes) -> None:
-        self.words = np.frombuffer(digest, dtype="<u8")
-
-    def generate_state(self, n_words, dtype=np.uint32):
-        w = self.words.view("<u4") if np.dtype(dtype) == np.uint32 else self.words
-        if n_words > w.size:
-            raise ValueError(f"a 256-bit digest holds {w.size} words of {np.dtype(dtype)}, {n_words} asked")
-        return w[:n_words].astype(dtype)
-
-
-#: Bytes of each end of a record that enter the doubling seed's BLAKE2b digest in full.
-DOUBLING_SEED_EDGE = 1024
-
-
-def doubling_rng(record_bytes: bytes) -> np.random.Generator:
-    """A generator seeded deterministically from a Kafka record's bytes.
-
-    The worker draws ``x2 = zil.double(batch.numeric, doubling_rng(record.value))`` once per record,
-    so a replay after a crash reproduces ``X̃₂`` — and hence every state — bit for bit. ``X̃₂`` is
-    post-processing of the public report, so a public seed costs no privacy.
-
-    The seed is the 256-bit BLAKE2b digest of the record's length, the CRC-32C of the whole record
-    and its first and last :data:`DOUBLING_SEED_EDGE` bytes (the header and the first reports'
-    noised values): distinct records get distinct seeds except with negligible probability, at
-    ~8 µs for a 48 kB record instead of ~100 µs for a digest of every byte plus ``SeedSequence``.
-    The digest is PCG64's state and increment as is (:class:`_DigestSeed`).
+def doubling_seed(record_bytes) -> int:
+    """The seed of a record's doubling draws: XXH3-64 (seed 0) of all its bytes.
 
     Parameters
     ----------
-    record_bytes : bytes
-        The raw record value (any length).
+    record_bytes : bytes-like
+        The raw Kafka record value (any length).
 
     Returns
     -------
-    numpy.random.Generator
-        A new PCG64 generator (independent of every other call's).
+    int in [0, 2⁶⁴)
 
     Raises
     ------
     TypeError
         If ``record_bytes`` is not bytes-like.
     """
-    mv = memoryview(record_bytes).cast("B")
-    h = hashlib.blake2b(digest_size=32, person=b"ldp-double-v2")
-    h.update(len(mv).to_bytes(8, "little"))
-    h.update(crc32c.crc32c(mv).to_bytes(4, "little"))
-    h.update(mv[:DOUBLING_SEED_EDGE])
-    h.update(mv[-DOUBLING_SEED_EDGE:])
-    return np.random.Generator(np.random.PCG64(_DigestSeed(h.digest())))
+    return xxhash.xxh3_64_intdigest(record_bytes)
+
+
+def doubling_draws(records, counts, dim: int) -> np.ndarray:
+    """Standard symmetric-Laplace draws ``sqrt(W)·G`` (``SL_dim(I)``) for the reports of records,
+    deterministic per record.
+
+    The worker doubles every report as ``X̃₂ = X̃₁ + sqrt(δλ²)·range·sqrt(W)·G`` (DESIGN §2, the
+    arithmetic of ``mechanisms.zil.sample_sl``) with these draws: record ``r``'s rows come from
+    SplitMix64 seeded with :func:`doubling_seed` of its bytes (layout in
+    ``aggregator.state._kernels.sl_draws``), so they depend only on the record — not on how
+    records are batched — and a replay after a crash reproduces ``X̃₂``, and hence every state,
+    bit for bit. ``X̃₂`` is post-processing of the public report: a public seed costs no privacy.
+
+    Parameters
+    ----------
+    records : sequence of bytes-like, length R
+        Record values.
+    counts : sequence of int, length R
+        Reports in each record.
+    dim : int
+        Numeric dimension ``d``.
+
+    Returns
+    -------
+    ndarray of float64, shape (Σ counts, dim)
+        Rows of record 0, then record 1, … . ``W ~ Exp(1)`` is shared by a row's coordinates and
+        ``G ~ N(0, I)``, so each row has mean 0 and covariance ``I``.
+
+    Raises
+    ------
+    TypeError
+        If a record is not bytes-like.
+    """
+    from aggregator.state._kernels import sl_draws
+
+    seeds = np.fromiter(map(xxhash.xxh3_64_intdigest, records), dtype=np.uint64, count=len(records))
+    n = np.asarray(counts, dtype=np.int64).reshape(-1)
+    out = np.empty((int(n.sum()), int(dim)))
+    sl_draws(seeds, n, out)
+    return out
 
 
 def normal_critical(level: float) -> float:

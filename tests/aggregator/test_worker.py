@@ -191,13 +191,20 @@ def test_metric_names_registered():
     assert "ldp_consumer_lag_records" in METRIC_NAMES and "ldp_estimate_ci_upper" in METRIC_NAMES
 
 
-def test_fast_doubling_is_zil_double_bit_for_bit(runtime, records):
-    from aggregator.state import doubling_rng
+def test_doubling_is_zil_double_with_the_records_draws(runtime, records):
+    """X̃₂ = X̃₁ + sqrt(δ·noise_variance)·(draws of the record), record by record or batched."""
+    from aggregator.state import doubling_draws
 
     mech = runtime.schema.zil_mechanism()
-    for r in records[:4]:
-        b = runtime.decode(r)
-        assert np.array_equal(runtime.double(b, r), mech.double(b.numeric, rng=doubling_rng(r)))
+    sd = np.sqrt(mech.zero_prob * mech.noise_variance)
+    batches = [runtime.decode(r) for r in records[:4]]
+    for r, b in zip(records, batches, strict=False):
+        want = b.numeric + sd * doubling_draws([r], [b.n], mech.dim)
+        np.testing.assert_allclose(runtime.double(b, r), want, rtol=1e-15, atol=0)
+    joined, _ = runtime.decode_many(records[:4])
+    one_by_one = [runtime.double(b, r) for r, b in zip(records, batches, strict=False)]
+    assert np.array_equal(runtime.double_many(joined, records[:4], [b.n for b in batches]),
+                          np.concatenate(one_by_one))
 
 
 def _with_update_thread(w):
