@@ -11,8 +11,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	# compile the workers' numba kernels once (≈ 13 s) into their on-disk cache
-	$(BIN)/python -c "from aggregator.state import _kernels, _sgd_kernel; _kernels.warm(); _sgd_kernel.warm()"
+	# compile the workers' numba kernels once (≈ 15 s) into their on-disk cache
+	$(BIN)/python -m aggregator.warm
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -178,6 +178,9 @@ class PipelineRuntime:
 
         # build once so configuration errors surface at construction
         prototypes = {name: state_mod.build_state(q, schema) for name, q in queries.items()}
+        from ingest import _decode_kernel
+
+        _decode_kernel.warm()  # compile or load decode_many's compiled pass now, not on the first poll
 
         def new_states() -> dict:
             return {name: state_mod.build_state(q, schema) for name, q in queries.items()}

@@ -294,10 +294,11 @@ def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema]
     """Decode several records into one batch: the same validation as :func:`decode` per record,
     with the array work done once for all of them.
 
-    Headers and block layouts are parsed record by record (scalar checks); the numeric blocks and
-    each field's payloads are then concatenated and decoded and validated together. If that finds
-    a bad value, or the records' layouts differ, every record is decoded alone so that each
-    failure is attributed to its record with the same error :func:`decode` raises.
+    First a compiled pass (``ingest._decode_kernel``) checks and decodes all records at once; it
+    is taken when every record passes. Otherwise headers and block layouts are parsed record by
+    record (scalar checks), the numeric blocks and each field's payloads are concatenated and
+    decoded and validated together, and if that finds a bad value every record is decoded alone,
+    so that each failure is attributed to its record with the same error :func:`decode` raises.
 
     Parameters
     ----------
@@ -315,6 +316,9 @@ def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema]
     results : list, one entry per record
         Its report count, or the :class:`DecodeError` that refused it (never raised).
     """
+    fast = _decode_compiled(values, known_schemas, max_reports, max_bytes)
+    if fast is not None:
+        return fast
     results: list[int | DecodeError] = [0] * len(values)
     parsed: list[_Parsed] = []
     where: list[int] = []
@@ -350,6 +354,33 @@ def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema]
     for i, p in zip(where, parsed, strict=True):
         results[i] = p.n
     return batch, results
+
+
+def _decode_compiled(values: Sequence, known: Mapping[bytes, TelemetrySchema], max_reports: int,
+                     max_bytes: int):
+    """``decode_many``'s result from the compiled decoder, or None where it does not apply (no
+    records, not all ``bytes``, first record of no known schema) or refuses any record."""
+    if not values or not all(type(v) is bytes for v in values):
+        return None
+    first = values[0]
+    schema = known.get(first[8:24]) if len(first) >= _HEADER.size else None
+    if schema is None:
+        return None
+    try:
+        from ingest import _decode_kernel
+
+        out = _decode_kernel.decode_bulk(values, schema, max_reports, max_bytes)
+    except Exception:  # the Python decoder below names whatever went wrong
+        log_fn = logger.exception if logger.isEnabledFor(logging.DEBUG) else logger.warning
+        log_fn("compiled decoder failed; decoding in Python")
+        return None
+    if out is None:
+        return None
+    numeric, columns, ns = out
+    cat: dict[str, np.ndarray | SparseBits] = {}
+    for f, col in zip(schema.categorical, columns, strict=True):
+        cat[f.name] = col if isinstance(col, np.ndarray) else _sparse(f.name, col[0], col[1], f.k)
+    return ReportBatch(bytes(schema.fingerprint), numeric, cat), ns.tolist()
 
 
 def _as_view(data) -> memoryview:

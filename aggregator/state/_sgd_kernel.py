@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from aggregator.state._numba import jit
+from ingest._numba import jit
 
 __all__ = ["HESS_ANALYTIC", "HESS_LADDER", "HESS_NONE", "LABEL_RAW", "LABEL_THRESHOLD", "PHI_LOGISTIC",
            "PHI_QUANTILE", "run_steps", "warm"]

@@ -92,10 +92,21 @@ def test_counts_state_fast_path_equals_mechanism_and_refuses_two_public_bits():
 def test_jit_compiles_in_process_where_numba_cannot_cache(caplog):
     """numba refuses ``cache=True`` at import where it finds no writable cache directory (here:
     a function whose source is ``<string>``); the loops then compile per process, with a warning."""
-    from aggregator.state._numba import jit
+    from ingest._numba import jit
 
     ns: dict = {}
     exec("def f(x):\n    return x + 1\n", ns)
     g = jit(nogil=True)(ns["f"])
     assert g(41) == 42
     assert "cannot cache f" in caplog.text and "NUMBA_CACHE_DIR" in caplog.text
+
+
+def test_warm_all_compiles_every_kernel():
+    from aggregator.state import _sgd_kernel
+    from aggregator.warm import warm_all
+    from ingest import _decode_kernel
+
+    warm_all()
+    for fn in (_decode_kernel.scan, _decode_kernel.fill, _kernels.sl_draws, _kernels.histogram3,
+               _sgd_kernel.run_steps):
+        assert fn.signatures, fn

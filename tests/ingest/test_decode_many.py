@@ -1,6 +1,8 @@
 """``codec.decode_many`` (the worker's batched decoder) agrees with ``codec.decode`` record by
 record: the same reports in the same order for every good record, the same error class and message
-for every bad one, whatever good and hostile records are mixed in one call."""
+for every bad one, whatever good and hostile records are mixed in one call — through the compiled
+decoder (``ingest._decode_kernel``, taken when it accepts every record) and through the Python
+one (forced by switching the compiled one off)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ def _assert_same_batch(a, b):
 
 
 def _check(values):
+    _check_one(values)
+    with pytest.MonkeyPatch.context() as mp:  # the Python decoder alone
+        mp.setattr(codec, "_decode_compiled", lambda *a: None)
+        _check_one(values)
+
+
+def _check_one(values):
     expected, good = [], []
     for v in values:
         try:
@@ -87,12 +96,27 @@ def test_decode_many_agrees_with_decode_record_by_record(values):
 
 
 @pytest.mark.parametrize("fp", sorted(BY_SCHEMA), ids=lambda f: f.hex()[:8])
-def test_all_good_records_take_the_combined_path(fp, monkeypatch):
+def test_all_good_records_take_the_compiled_path(fp, monkeypatch):
     seeds = BY_SCHEMA[fp] * 3
+    good = [decode(v, KNOWN) for v in seeds]
+
+    def python_path(*a):
+        raise AssertionError("the compiled decoder refused a good record")
+
+    monkeypatch.setattr(codec, "_parse", python_path)
+    batch, results = decode_many(seeds, KNOWN)
+    assert results == [b.n for b in good]
+    _assert_same_batch(batch, concat_batches(good))
+
+
+@pytest.mark.parametrize("fp", sorted(BY_SCHEMA), ids=lambda f: f.hex()[:8])
+def test_all_good_records_take_the_combined_python_path(fp, monkeypatch):
+    seeds = BY_SCHEMA[fp] * 3
+    monkeypatch.setattr(codec, "_decode_compiled", lambda *a: None)
     calls = []
     real = codec._materialize
     monkeypatch.setattr(codec, "_materialize", lambda parsed: calls.append(len(parsed)) or real(parsed))
-    _check(seeds)
+    _check_one(seeds)
     assert len(seeds) in calls  # one _materialize over every record (plus decode()'s own calls)
 
 
@@ -117,7 +141,7 @@ def test_records_of_a_second_schema_are_refused_in_one_call():
     assert batch.fingerprint == fa
 
 
-def test_mixed_block_layouts_are_combined_without_falling_back(monkeypatch):
+def test_mixed_block_layouts_are_combined_without_falling_back(monkeypatch):  # (Python path)
     """1-report records: the encoder picks sparse or bitmap per record, so one poll mixes
     layouts of a field; they are decoded together and put back in record order."""
     mixed = None
@@ -128,6 +152,7 @@ def test_mixed_block_layouts_are_combined_without_falling_back(monkeypatch):
             break
     assert mixed is not None, "the seed corpus should hold records of one schema with different layouts"
     values = (mixed * 3)[::-1]
+    monkeypatch.setattr(codec, "_decode_compiled", lambda *a: None)
     calls = []
     real = codec._materialize
     monkeypatch.setattr(codec, "_materialize", lambda parsed: calls.append(len(parsed)) or real(parsed))

@@ -3,9 +3,10 @@ elsewhere.
 
 numba raises ``RuntimeError: cannot cache function …: no locator available`` *at import* when it
 finds no writable cache directory: a package installed read-only without ``NUMBA_CACHE_DIR``, or a
-container with a read-only root filesystem and an unwritable ``$HOME``. The update loops of the
-states must not make the worker unimportable there: they are then compiled in every process
-(≈ 13 s at start) and a warning names the fix (``NUMBA_CACHE_DIR`` on a writable volume; the
+container with a read-only root filesystem and an unwritable ``$HOME``. The compiled loops (the
+bulk decoder ``ingest._decode_kernel``, the state updates in ``aggregator.state``) must not make
+the worker unimportable there: they are then compiled in every process (≈ 13 s at start) and a
+warning names the fix (``NUMBA_CACHE_DIR`` on a writable volume; the
 deployment files set it).
 """
 
