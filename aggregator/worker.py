@@ -583,6 +583,13 @@ class Worker:
         ps = self.owned.get(partition)
         if ps is None:
             return 0  # not restored yet (or revoked): the records will be fetched again
+        if self.coalesce and records and records[0].offset == ps.next_offset \
+                and records[-1].offset == ps.next_offset + len(records) - 1:
+            # the usual poll: the next offsets, no gap, no duplicate (offsets increase)
+            n_reports = self._fold_contiguous(ps, records)
+            if n_reports is not None:
+                self.metrics.last_processed.set(time.time())
+                return n_reports
         todo = []  # (record, reason it is refused before decoding or None), in offset order
         n_reports = 0
         for rec in records:
@@ -609,6 +616,21 @@ class Worker:
             self.metrics.last_processed.set(time.time())
         return n_reports
 
+    def _fold_contiguous(self, ps: PartitionState, records: list) -> int | None:
+        """:meth:`_fold` of records that follow ``next_offset`` without a gap, without a per-record
+        Python loop; ``None`` (nothing done) unless every record is present, within
+        ``max_record_bytes`` and decodes."""
+        values = [rec.value for rec in records]
+        if None in values or max(map(len, values)) > self.max_record_bytes:
+            return None
+        batch, results = self.runtime.decode_many(values)
+        if batch is None or batch.fingerprint != self.runtime.fingerprint \
+                or not all(type(r) is int for r in results):
+            return None  # decode again in _fold, which dead-letters what fails
+        ps.next_offset = records[-1].offset + 1
+        ps.dirty = True
+        return self._fold_decoded(ps, batch, values, results)
+
     def _fold(self, ps: PartitionState, todo: list) -> int:
         """Decode the records of ``todo`` as one batch, dead-letter the refused and undecodable
         ones (in offset order), double each record's rows with its own seed and hand the batch to
@@ -629,11 +651,16 @@ class Worker:
                 self._dead_letter(rec, getattr(res, "reason", "malformed"))
         if batch is None or not good:
             return 0
-        x2 = self.runtime.double_many(batch, good, counts)
+        return self._fold_decoded(ps, batch, good, counts)
+
+    def _fold_decoded(self, ps: PartitionState, batch: ReportBatch, values: list, counts: list) -> int:
+        """Double each record's rows of ``batch`` with its own seed, hand them to :meth:`_update`
+        and count them; returns the batch's report count."""
+        x2 = self.runtime.double_many(batch, values, counts)
         self._update(ps, batch, x2)
-        ps.records += len(good)
+        ps.records += len(values)
         ps.reports += batch.n
-        self.metrics.records.inc(len(good))
+        self.metrics.records.inc(len(values))
         self.metrics.reports.inc(batch.n)
         return batch.n
 

@@ -106,6 +106,32 @@ def test_process_skips_duplicates_and_dead_letters(runtime, records):
     assert sum(dlq) == 3
 
 
+def test_contiguous_poll_takes_the_batched_path_and_falls_back_on_a_bad_record(runtime, records, monkeypatch):
+    """A poll that continues at next_offset is folded without the per-record loop; a poll with an
+    empty, oversized or undecodable record among good ones falls back to it: each bad record is
+    dead-lettered with its reason and the good ones are folded as if the bad ones were absent."""
+    w = make_worker(runtime)
+    w.max_record_bytes = max(len(r) for r in records) + 10
+    slow = []
+    real_fold = w._fold
+    monkeypatch.setattr(w, "_fold", lambda ps_, todo: slow.append(len(todo)) or real_fold(ps_, todo))
+    assert w._process(0, [rec(i, r) for i, r in enumerate(records[:4])]) == 4 * 7
+    assert slow == []
+    bad = [rec(4, records[4]), rec(5, None), rec(6, records[5]), rec(7, b"\x00" * (w.max_record_bytes + 1)),
+           rec(8, records[6][:-1]), rec(9, records[7])]
+    assert w._process(0, bad) == 3 * 7
+    assert slow == [6]
+    assert [h["reason"].decode() for *_, h in w._producer.sent] == ["empty", "oversized", "truncated"]
+    assert [h["source_offset"] for *_, h in w._producer.sent] == [b"5", b"7", b"8"]
+    assert w.owned[0].next_offset == 10 and w.owned[0].records == 7
+    w._drain()
+    want = ps.reference_pass(runtime, {0: [*records[:6], records[7]]})
+    for name, st in want.items():  # same reports (batched differently: equal to rounding)
+        got = w.owned[0].states[name]
+        assert got.n == st.n, name
+        np.testing.assert_allclose(got.estimate().value, st.estimate().value, rtol=1e-9, atol=1e-12)
+
+
 def test_offset_gap_counted(runtime, records):
     w = make_worker(runtime)
     w._process(0, [rec(0, records[0]), rec(5, records[1])])
