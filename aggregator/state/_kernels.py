@@ -15,13 +15,16 @@ compute the same quantities in one pass each without the GIL:
 * :func:`urap_counts` — ``URAP.counts`` without pattern tracking (``max_patterns = 0``): per-bit
   counts, the ≤ 1 non-sensitive-bit check, and the per-bit counts of protected reports.
 * :func:`sl_draws` — the consumer's doubling draws ``sqrt(W)·G`` (standard ``SL_d(I)``) of many
-  records at once from per-record SplitMix64 streams (see ``aggregator.state.base.doubling_draws``).
+  records at once from per-record SplitMix64 streams through ziggurat samplers (see
+  ``aggregator.state.base.doubling_draws``).
 
 Each is checked against an independent NumPy computation in ``tests/aggregator/test_kernels.py``.
 Source: DESIGN §5 (state families), §3 (uRAP counts).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -139,44 +142,168 @@ _warm = False
 
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_ZIG_LAYERS = 256
+
+
+def _ziggurat(f, finv, tail_area, r0: float) -> tuple[float, np.ndarray, np.ndarray]:
+    """Marsaglia–Tsang ziggurat of 256 equal-area layers under a decreasing ``f`` on [0, ∞).
+
+    ``r`` (the base layer's edge) is solved by bisection near ``r0`` so that the layers close at
+    ``f(0)``: with ``V = r·f(r) + tail_area(r)``, ``x₀ = V/f(r)``, ``x₁ = r``,
+    ``x_{i+1} = f⁻¹(V/x_i + f(x_i))`` and ``x₂₅₆ = 0``, every layer ``i ≥ 1`` spans heights
+    ``[f(x_i), f(x_{i+1})]`` over ``[0, x_i]`` and the base is ``[0, r]×[0, f(r)]`` plus the tail,
+    each of area ``V``. Returns ``(r, x (257,), f(x) (257,))``.
+    """
+    def build(r):
+        v = r * f(r) + tail_area(r)
+        x = [v / f(r), r]
+        for _ in range(1, _ZIG_LAYERS - 1):
+            y = v / x[-1] + f(x[-1])
+            if y >= f(0.0):
+                return None, y - f(0.0)
+            x.append(finv(y))
+        return x, v / x[-1] + f(x[-1]) - f(0.0)
+
+    lo, hi = r0 * 0.999, r0 * 1.001  # closure error > 0 below the right r, < 0 above
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        _, err = build(mid)
+        if err > 0:
+            lo = mid
+        else:
+            hi = mid
+    x, _ = build(hi)
+    xs = np.array([*x, 0.0])
+    return hi, xs, np.array([f(v) for v in xs])
+
+
+_ZN_R, _ZN_X, _ZN_F = _ziggurat(lambda x: math.exp(-0.5 * x * x), lambda y: math.sqrt(-2.0 * math.log(y)),
+                                lambda r: math.sqrt(math.pi / 2.0) * math.erfc(r / math.sqrt(2.0)),
+                                3.6541528853610088)
+_ZE_R, _ZE_X, _ZE_F = _ziggurat(lambda x: math.exp(-x), lambda y: -math.log(y), lambda r: math.exp(-r),
+                                7.69711747013104972)
+
+
+@jit(nogil=True)
+def _mix(seed, j):  # pragma: no cover - compiled
+    """Output ``j`` (≥ 1) of SplitMix64 seeded with ``seed``: Stafford's variant-13 mix of
+    ``seed + j·γ`` (mod 2⁶⁴)."""
+    z = seed + np.uint64(j) * _GAMMA
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 @jit(nogil=True)
 def _uniform(seed, j):  # pragma: no cover - compiled
-    """Draw ``j`` (≥ 1) of SplitMix64 seeded with ``seed`` as a double in (0, 1):
-    ``((mix(seed + j·γ) >> 11) + 0.5) · 2⁻⁵³`` (mix = Stafford's variant 13, SplitMix64's output)."""
-    z = seed + np.uint64(j) * _GAMMA
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (float(z >> np.uint64(11)) + 0.5) * 1.1102230246251565e-16
+    """Output ``j`` as a double in (0, 1): ``((z >> 11) + 0.5)·2⁻⁵³``."""
+    return (float(np.int64(_mix(seed, j) >> np.uint64(11))) + 0.5) * 1.1102230246251565e-16
 
 
 @jit(nogil=True)
-def sl_draws(seeds, counts, out):  # pragma: no cover - compiled
+def _normal(seed, j, r, x, fx):  # pragma: no cover - compiled
+    """A standard normal from outputs ``j, j+1, …``; returns ``(value, next j)``.
+
+    Ziggurat: output ``z`` picks layer ``i = z & 255``, sign bit 8 and ``u = (z >> 11)·2⁻⁵³``;
+    ``v = u·x_i`` is accepted when ``v < x_{i+1}``; otherwise layer ``i ≥ 1`` accepts when a
+    uniform height in ``[f(x_i), f(x_{i+1})]`` (one more output) lies below ``exp(−v²/2)``, and the
+    base layer draws the tail ``r + a``: ``a = −log(u₁)/r``, ``b = −log(u₂)``, accepted when
+    ``2b > a²``. A rejection starts over with the next output.
+    """
+    while True:
+        z = _mix(seed, j)
+        j += 1
+        i = np.int64(z & np.uint64(255))
+        neg = (z >> np.uint64(8)) & np.uint64(1)
+        v = float(np.int64(z >> np.uint64(11))) * 1.1102230246251565e-16 * x[i]
+        if v < x[i + 1]:
+            return (-v if neg else v), j
+        if i == 0:
+            while True:
+                a = -np.log(_uniform(seed, j)) / r
+                b = -np.log(_uniform(seed, j + 1))
+                j += 2
+                if b + b > a * a:
+                    return (-(r + a) if neg else r + a), j
+        y = fx[i] + _uniform(seed, j) * (fx[i + 1] - fx[i])
+        j += 1
+        if y < np.exp(-0.5 * v * v):
+            return (-v if neg else v), j
+
+
+@jit(nogil=True)
+def _exponential(seed, j, r, x, fx):  # pragma: no cover - compiled
+    """A standard exponential from outputs ``j, j+1, …``; returns ``(value, next j)``: the
+    ziggurat of :func:`_normal` for ``f = exp(−x)`` (no sign bit) with tail ``r − log u``."""
+    while True:
+        z = _mix(seed, j)
+        j += 1
+        i = np.int64(z & np.uint64(255))
+        v = float(np.int64(z >> np.uint64(11))) * 1.1102230246251565e-16 * x[i]
+        if v < x[i + 1]:
+            return v, j
+        if i == 0:
+            v = r - np.log(_uniform(seed, j))
+            return v, j + 1
+        y = fx[i] + _uniform(seed, j) * (fx[i + 1] - fx[i])
+        j += 1
+        if y < np.exp(-v):
+            return v, j
+
+
+@jit(nogil=True)
+def _sl_rows(seeds, counts, out, nr, nx, nf, er, ex, ef):  # pragma: no cover - compiled
+    d = out.shape[1]
+    row = 0
+    for k in range(seeds.shape[0]):
+        seed = seeds[k]
+        j = 1
+        for _ in range(counts[k]):
+            w, j = _exponential(seed, j, er, ex, ef)
+            sw = np.sqrt(w)
+            for c in range(d):
+                g, j = _normal(seed, j, nr, nx, nf)
+                out[row, c] = sw * g
+            row += 1
+
+
+def sl_draws(seeds, counts, out) -> None:
     """Fill ``out`` ``(Σ counts, d)`` with standard ``SL_d(I)`` draws ``sqrt(W)·G``.
 
-    The ``counts[r]`` rows of record ``r`` come from SplitMix64 seeded with ``seeds[r]`` (uint64):
-    row ``i`` of the record uses draws ``j = i·(1 + 2p) + 1 … (i + 1)·(1 + 2p)``, ``p = ⌈d/2⌉``:
-    ``W = −log u_j`` from the first, then Box–Muller pairs ``r = sqrt(−2 log u)``,
-    ``θ = 2π u′`` giving ``G = (r cos θ, r sin θ, …)`` (the last sine dropped when ``d`` is odd).
+    The ``counts[r]`` rows of record ``r`` use SplitMix64 seeded with ``seeds[r]`` (uint64),
+    outputs ``1, 2, …`` consumed in order: per row ``W ~ Exp(1)`` then ``G₁ … G_d ~ N(0, 1)``,
+    each by a 256-layer ziggurat (:func:`_exponential`, :func:`_normal`; tables from
+    :func:`_ziggurat`). Compiled, without the GIL.
     """
-    d = out.shape[1]
-    p = (d + 1) // 2
-    per_row = 1 + 2 * p
-    row = 0
-    for r in range(seeds.shape[0]):
-        seed = seeds[r]
-        for i in range(counts[r]):
-            j = i * per_row + 1
-            sw = np.sqrt(-np.log(_uniform(seed, j)))
-            for t in range(p):
-                rad = np.sqrt(-2.0 * np.log(_uniform(seed, j + 1 + 2 * t))) * sw
-                theta = 6.283185307179586 * _uniform(seed, j + 2 + 2 * t)
-                out[row, 2 * t] = rad * np.cos(theta)
-                if 2 * t + 1 < d:
-                    out[row, 2 * t + 1] = rad * np.sin(theta)
-            row += 1
+    _sl_rows(seeds, counts, out, _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
+
+
+@jit(nogil=True)
+def _fill_normal(seed, out, r, x, fx):  # pragma: no cover - compiled
+    j = 1
+    for i in range(out.shape[0]):
+        out[i], j = _normal(seed, j, r, x, fx)
+
+
+@jit(nogil=True)
+def _fill_exponential(seed, out, r, x, fx):  # pragma: no cover - compiled
+    j = 1
+    for i in range(out.shape[0]):
+        out[i], j = _exponential(seed, j, r, x, fx)
+
+
+def normal_draws(seed: int, n: int) -> np.ndarray:
+    """``n`` standard normals from one SplitMix64 stream (the sampler of :func:`sl_draws`; for tests)."""
+    out = np.empty(n)
+    _fill_normal(np.uint64(seed), out, _ZN_R, _ZN_X, _ZN_F)
+    return out
+
+
+def exponential_draws(seed: int, n: int) -> np.ndarray:
+    """``n`` standard exponentials from one SplitMix64 stream (as :func:`normal_draws`)."""
+    out = np.empty(n)
+    _fill_exponential(np.uint64(seed), out, _ZE_R, _ZE_X, _ZE_F)
+    return out
 
 
 def warm() -> None:
