@@ -30,15 +30,20 @@ _HEADER_SIZE = 32
 _BLOCK_SIZE = 12
 _MAGIC = np.frombuffer(b"LDPR", dtype=np.uint8)
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+#: Positions of the set bits of each byte value (LSB first), padded with 0.
+_BITPOS = np.array([[b for b in range(8) if v >> b & 1] + [0] * (8 - bin(v).count("1"))
+                    for v in range(256)], dtype=np.int64)
 
 
 @jit(nogil=True)
 def _uint(buf, p, w):  # pragma: no cover - compiled
-    """Little-endian unsigned integer of ``w`` bytes at ``buf[p]``."""
-    v = np.int64(0)
-    for i in range(w):
-        v |= np.int64(buf[p + i]) << (8 * i)
-    return v
+    """Little-endian unsigned integer of ``w`` (1, 2 or 4) bytes at ``buf[p]``."""
+    if w == 1:
+        return np.int64(buf[p])
+    if w == 2:
+        return np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
+    return (np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16)
+            | (np.int64(buf[p + 3]) << 24))
 
 
 @jit(nogil=True)
@@ -138,7 +143,7 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
 
 @jit(nogil=True)
 def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-         status):  # pragma: no cover - compiled
+         status, popcount, bitpos):  # pragma: no cover - compiled
     """Value checks and the columns of records that passed :func:`scan` (all of them).
 
     ``numeric (N, d)``, ``codes (n_codes_fields, N)`` int32, ``offsets (n_urap_fields, N + 1)``
@@ -180,6 +185,7 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
             if kind == 2:
                 q = p + n * lw  # first position
                 end = p + lay[r, j, 4]
+                c = cur[s]
                 for i in range(n):
                     length = _uint(buf, p + i * lw, lw)
                     if length > k or q + length * w > end:
@@ -192,28 +198,26 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
                         if v >= k or v <= prev:
                             ok = False
                         prev = v
-                        indices[base + cur[s]] = v
-                        cur[s] += 1
-                    offsets[s, row0 + i + 1] = cur[s]
+                        indices[base + c] = v
+                        c += 1
+                    offsets[s, row0 + i + 1] = c
+                cur[s] = c
                 if q != end:
                     ok = False
             else:
                 rb = (k + 7) // 8
+                c = cur[s]
                 for i in range(n):
                     q = p + i * rb
                     for b in range(rb):
-                        v = np.int64(buf[q + b])
-                        bit = 0
-                        while v:
-                            if v & 1:
-                                pos = 8 * b + bit
-                                if pos >= k:
-                                    ok = False
-                                indices[base + cur[s]] = pos
-                                cur[s] += 1
-                            v >>= 1
-                            bit += 1
-                    offsets[s, row0 + i + 1] = cur[s]
+                        v = buf[q + b]
+                        for t in range(popcount[v]):
+                            indices[base + c] = 8 * b + bitpos[v, t]
+                            c += 1
+                    offsets[s, row0 + i + 1] = c
+                    if rb * 8 > k and buf[q + rb - 1] >> (k - 8 * (rb - 1)):
+                        ok = False  # a padding bit (position >= k) is set
+                cur[s] = c
             if not ok:
                 break
         if not ok:
@@ -272,7 +276,8 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     codes = np.empty((int(is_codes.sum()), n_total), dtype=np.int32)
     offsets = np.empty((per_field.size, n_total + 1), dtype=np.int64)
     indices = np.empty(int(per_field.sum()), dtype=np.int32)
-    if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase, status):
+    if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase, status,
+            _POPCOUNT, _BITPOS):
         return None
     columns = []
     for j in range(ncat):
@@ -293,4 +298,5 @@ def warm() -> None:
     scan(buf, z, _MAGIC, _MAGIC, 0, b, z, 1, 1, _POPCOUNT, z[:0], lay, np.zeros((0, 1), np.int64),
          np.zeros(0, np.int8))
     fill(buf, z, z[:0], lay, 0, b, z, z, np.zeros((0, 0)), np.zeros((1, 0), np.int32),
-         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int8))
+         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int8),
+         _POPCOUNT, _BITPOS)
