@@ -67,6 +67,13 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------------
 # pipeline runtime: decode, double, build and restore states
 # --------------------------------------------------------------------------------------------------
+#: Records per poll. Each poll costs ≈ 0.6 ms of fixed work (one update of every query state and
+#: the decoder's set-up), so small records need large polls: at 1 report/record the worker's own
+#: cost falls from 2.7 (500 per poll) to 1.0 µs per record (5000). Large records are capped
+#: by kafka-python's fetch size (1 MiB per partition) long before.
+DEFAULT_MAX_POLL_RECORDS = 5000
+
+
 class PipelineRuntime:
     """Everything the worker needs to know about the pipeline, independent of Kafka.
 
@@ -356,7 +363,7 @@ class Worker:
         ``False`` every record is its own update, which makes the float sums independent of poll
         boundaries and restarts (bit-identical replays).
     max_poll_records : int
-        ``max_records`` per ``poll`` (≥ 1).
+        ``max_records`` per ``poll`` (≥ 1; default :data:`DEFAULT_MAX_POLL_RECORDS`).
     overlap : bool
         Apply each update on a background thread while the main thread polls and decodes the
         next records (one update in flight; states, offsets and checkpoints are identical — every
@@ -381,7 +388,8 @@ class Worker:
                  reports_topic: str, state_topic: str, dead_letter_topic: str, group_id: str,
                  checkpoint_interval_s: float = 5.0, checkpoint_reports: int = 100_000,
                  max_record_bytes: int = 16 * 1024 * 1024, coalesce: bool = True,
-                 max_poll_records: int = 500, overlap: bool = True, metrics: WorkerMetrics | None = None,
+                 max_poll_records: int = DEFAULT_MAX_POLL_RECORDS, overlap: bool = True,
+                 metrics: WorkerMetrics | None = None,
                  producer_config: Mapping[str, Any] | None = None,
                  consumer_config: Mapping[str, Any] | None = None) -> None:
         for arg, val in (("reports_topic", reports_topic), ("state_topic", state_topic),
@@ -994,7 +1002,8 @@ def ensure_topics(config) -> None:
 
 
 def worker_from_config(config, *, group_id: str | None = None, metrics: WorkerMetrics | None = None,
-                       coalesce: bool = True, max_poll_records: int = 500, overlap: bool = True) -> Worker:
+                       coalesce: bool = True, max_poll_records: int = DEFAULT_MAX_POLL_RECORDS,
+                       overlap: bool = True) -> Worker:
     """Build a :class:`Worker` from a :class:`aggregator.config.PipelineConfig`.
 
     Raises

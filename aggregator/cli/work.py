@@ -24,7 +24,8 @@ def register(subparsers) -> None:
                    help="stop after processing this many reports (tests, demo)")
     p.add_argument("--exit-when-idle", type=float, default=None, metavar="S",
                    help="stop once caught up and idle for S seconds (tests, demo)")
-    p.add_argument("--max-poll-records", type=int, default=500, help="records per poll (default 500)")
+    p.add_argument("--max-poll-records", type=int, default=None,
+                   help="records per poll (default 5000 = aggregator.worker.DEFAULT_MAX_POLL_RECORDS)")
     p.add_argument("--no-coalesce", action="store_true",
                    help="update states record by record (bit-identical replays; slower for tiny records)")
     p.set_defaults(func=run)
@@ -35,18 +36,19 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError
     from aggregator.metrics import WorkerMetrics, start_metrics_server
-    from aggregator.worker import ensure_topics, worker_from_config
+    from aggregator.worker import DEFAULT_MAX_POLL_RECORDS, ensure_topics, worker_from_config
 
     if args.max_reports is not None and args.max_reports < 1:
         raise CLIError(f"--max-reports must be >= 1, got {args.max_reports}")
     if args.exit_when_idle is not None and not args.exit_when_idle > 0:
         raise CLIError(f"--exit-when-idle must be > 0 seconds, got {args.exit_when_idle}")
-    if args.max_poll_records < 1:
-        raise CLIError(f"--max-poll-records must be >= 1, got {args.max_poll_records}")
+    max_poll = DEFAULT_MAX_POLL_RECORDS if args.max_poll_records is None else args.max_poll_records
+    if max_poll < 1:
+        raise CLIError(f"--max-poll-records must be >= 1, got {max_poll}")
     cfg = PipelineConfig.load(args.config)
     metrics = WorkerMetrics()
     worker = worker_from_config(cfg, group_id=args.group_id, metrics=metrics,
-                                coalesce=not args.no_coalesce, max_poll_records=args.max_poll_records)
+                                coalesce=not args.no_coalesce, max_poll_records=max_poll)
     port = cfg.worker.metrics_port if args.metrics_port is None else args.metrics_port
     if port < 0 or port > 65535:
         raise CLIError(f"--metrics-port must be in [0, 65535], got {port}")

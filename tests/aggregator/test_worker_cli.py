@@ -70,3 +70,12 @@ def test_bad_arguments_exit_2(tmp_path, capsys, args):
     path.write_text(BASE)
     assert main(["work", "--config", str(path), *args]) == 2
     assert "must be" in capsys.readouterr().err
+
+
+def test_max_poll_records_help_states_the_workers_default(capsys):
+    from aggregator.worker import DEFAULT_MAX_POLL_RECORDS
+
+    with pytest.raises(SystemExit):
+        main(["work", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"default {DEFAULT_MAX_POLL_RECORDS} = aggregator.worker.DEFAULT_MAX_POLL_RECORDS" in help_text
