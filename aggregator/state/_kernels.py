@@ -214,21 +214,21 @@ def _normal(seed, j, r, x, fx):  # pragma: no cover - compiled
         z = _mix(seed, j)
         j += 1
         i = np.int64(z & np.uint64(255))
-        neg = (z >> np.uint64(8)) & np.uint64(1)
+        sign = 1.0 - 2.0 * float(np.int64((z >> np.uint64(8)) & np.uint64(1)))  # branch-free
         v = float(np.int64(z >> np.uint64(11))) * 1.1102230246251565e-16 * x[i]
         if v < x[i + 1]:
-            return (-v if neg else v), j
+            return sign * v, j
         if i == 0:
             while True:
                 a = -np.log(_uniform(seed, j)) / r
                 b = -np.log(_uniform(seed, j + 1))
                 j += 2
                 if b + b > a * a:
-                    return (-(r + a) if neg else r + a), j
+                    return sign * (r + a), j
         y = fx[i] + _uniform(seed, j) * (fx[i + 1] - fx[i])
         j += 1
         if y < np.exp(-0.5 * v * v):
-            return (-v if neg else v), j
+            return sign * v, j
 
 
 @jit(nogil=True)
