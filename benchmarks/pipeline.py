@@ -214,6 +214,23 @@ def worker_process(ns) -> int:
 
     cfg = load_config(Path(ns.config))
     w = worker_from_config(cfg, metrics=WorkerMetrics())
+    # the update thread's wall and CPU time per update, and how long the main thread waits for it
+    upd = {"updates": 0, "wall_s": 0.0, "cpu_s": 0.0, "main_wait_s": 0.0}
+    inner_apply, inner_wait = w._apply, w._wait_one
+
+    def apply(*a):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        inner_apply(*a)
+        upd["wall_s"] += time.perf_counter() - t0
+        upd["cpu_s"] += time.thread_time() - c0
+        upd["updates"] += 1
+
+    def wait_one():
+        t0 = time.perf_counter()
+        inner_wait()
+        upd["main_wait_s"] += time.perf_counter() - t0
+
+    w._apply, w._wait_one = apply, wait_one
     go, ready = Path(ns.go) if ns.go else None, Path(ns.ready) if ns.ready else None
     info = {"first": None, "last": None, "rss_kb": {}, "partitions": set()}
     marks = sorted(int(x) for x in ns.rss_marks.split(",")) if ns.rss_marks else []
@@ -263,6 +280,7 @@ def worker_process(ns) -> int:
         Path(ns.profile).write_text(s.getvalue() + "\n\n==== cumulative ====\n" + s2.getvalue())
     info["rss_kb"]["end"] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
     info["reports"] = w.processed_reports
+    info["update_thread"] = upd
     info["records"] = w.processed_records
     info["partitions"] = sorted(info["partitions"])
     Path(ns.out).write_text(json.dumps(info))
@@ -430,6 +448,8 @@ def section_consume(
                 "worker_reports_per_s": w_rate,
                 "worker_vs_raw": w_rate / raw_rate,
                 "passes": repeats,
+                "worker_wall_s": wk["last"] - wk["first"],
+                "update_thread": wk.get("update_thread"),
                 "raw_reports_per_s_all": [n_records * m / (r["last"] - r["first"]) for r in raws],
                 "worker_reports_per_s_all": [w["reports"] / (w["last"] - w["first"]) for w in wks],
                 **cpu,
