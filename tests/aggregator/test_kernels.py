@@ -107,6 +107,6 @@ def test_warm_all_compiles_every_kernel():
     from ingest import _decode_kernel
 
     warm_all()
-    for fn in (_decode_kernel.scan, _decode_kernel.fill, _kernels.sl_draws, _kernels.histogram3,
+    for fn in (_decode_kernel.scan, _decode_kernel.fill, _kernels._sl_rows, _kernels.histogram3,
                _sgd_kernel.run_steps):
         assert fn.signatures, fn
