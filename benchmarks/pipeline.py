@@ -400,12 +400,23 @@ def _fresh_group(tmp, cfg_path: Path, suffix: str) -> Path:
     return out
 
 
+def _proc_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, all threads) of process ``pid`` so far; 0 if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def section_consume(
-    tmp, bootstrap, pool, plan, profile_m: int | None, drop_kinds: tuple[str, ...] = (), repeats: int = 2
+    tmp, bootstrap, pool, plan, profile_m: int | None, drop_kinds: tuple[str, ...] = (), repeats: int = 2,
+    broker_pid: int | None = None,
 ) -> tuple[list[dict], str | None]:
     """Per record size: produce once, then ``repeats`` alternating passes of the raw consumer and
     of a worker (each in a fresh group) over the same topic; the best pass of each is reported
-    (the 2 cores are shared with the broker, so single passes vary by ±25 %)."""
+    (the 2 cores are shared with the broker, so single passes vary by ±25 %). The broker's CPU
+    time during each pass (process start to exit) is recorded too."""
     from aggregator.worker import ensure_topics
 
     rows, prof_text = [], None
@@ -418,10 +429,14 @@ def section_consume(
         raw_produce(bootstrap, cfg.topics.reports, values, n_records)
         raws, wks = [], []
         for i in range(repeats):
+            b0 = _proc_cpu_s(broker_pid)
             raws.append(_raw_pass(tmp, bootstrap, cfg.topics.reports, n_records, f"{tag}.{i}"))
+            b1 = _proc_cpu_s(broker_pid)
             wp, wf = _run_worker(tmp, _fresh_group(tmp, cfg_path, f"r{i}"), f"{tag}.w{i}", n_records * m)
             reap([wp], 1800)
-            wks.append(json.loads(wf["out"].read_text()))
+            b2 = _proc_cpu_s(broker_pid)
+            raws[-1]["broker_cpu_s"] = b1 - b0
+            wks.append({**json.loads(wf["out"].read_text()), "broker_cpu_s": b2 - b1})
         raw = min(raws, key=lambda r: r["last"] - r["first"])
         wk = min(wks, key=lambda w: (w["last"] - w["first"]) / max(1, w["reports"]))
         if m == profile_m:  # a separate, profiled pass (cProfile slows the worker: not timed)
@@ -448,6 +463,11 @@ def section_consume(
                 "worker_reports_per_s": w_rate,
                 "worker_vs_raw": w_rate / raw_rate,
                 "passes": repeats,
+                "broker_cpu_s_raw_pass": raw["broker_cpu_s"],
+                "broker_cpu_s_worker_pass": wk["broker_cpu_s"],
+                "raw_cpu_s": raw["cpu_last"] - raw["cpu_first"],
+                "raw_wall_s": raw["last"] - raw["first"],
+                "worker_cpu_s": wk["cpu_last"] - wk["cpu_first"],
                 "worker_wall_s": wk["last"] - wk["first"],
                 "update_thread": wk.get("update_thread"),
                 "raw_reports_per_s_all": [n_records * m / (r["last"] - r["first"]) for r in raws],
@@ -919,14 +939,16 @@ def main(argv=None) -> int:
         if "consume" in sections:
             print("consume", flush=True)
             plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
-            results["consume"], prof = section_consume(tmp, boot, pool, plan, None if q else args.profile_m)
+            results["consume"], prof = section_consume(tmp, boot, pool, plan, None if q else args.profile_m,
+                                                       broker_pid=b.pid)
             if prof:
                 results["profile_top"] = prof
         if "consume_no_sgd" in sections:
             print("consume_no_sgd (closed-form and count queries only)", flush=True)
             plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
             results["consume_no_sgd"], _ = section_consume(
-                tmp, boot, pool, plan, None, drop_kinds=("logistic_regression", "quantile_regression")
+                tmp, boot, pool, plan, None, drop_kinds=("logistic_regression", "quantile_regression"),
+                broker_pid=b.pid,
             )
         if "e2e" in sections:
             print("e2e", flush=True)
