@@ -136,6 +136,34 @@ def check_one(data: bytes) -> str:
     return "ok"
 
 
+def mutations(seeds: list[bytes], *, max_ops: int = 6, max_chunk: int = 12):
+    """Hypothesis strategy: a record of ``seeds`` with 1 … ``max_ops`` random edits — overwrite a
+    byte, insert or delete up to ``max_chunk`` bytes, truncate, or lie in a header count field
+    (``n``, ``d`` or ``n_cat``). Shared by the fuzz tests and :func:`_hypothesis_main`."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def mutated(draw):
+        base = bytearray(draw(st.sampled_from(seeds)))
+        for _ in range(draw(st.integers(1, max_ops))):
+            op = draw(st.integers(0, 4))
+            pos = draw(st.integers(0, max(len(base) - 1, 0)))
+            if op == 0 and base:
+                base[pos] = draw(st.integers(0, 255))
+            elif op == 1:
+                base[pos:pos] = draw(st.binary(min_size=1, max_size=max_chunk))
+            elif op == 2:
+                del base[pos:pos + draw(st.integers(1, max_chunk))]
+            elif op == 3:
+                base = base[:pos]
+            elif len(base) >= 32:  # lie in a header field: n, d or n_cat
+                off = draw(st.sampled_from([24, 25, 26, 27, 28, 30]))
+                base[off] = draw(st.integers(0, 255))
+        return bytes(base)
+
+    return mutated()
+
+
 def _atheris_main(argv: list[str]) -> None:  # pragma: no cover - run as a subprocess
     import atheris
 
@@ -175,24 +203,8 @@ def _hypothesis_main(seconds: float) -> int:
     deadline = time.monotonic() + seconds
     count = {"n": 0}
 
-    @st.composite
-    def mutated(draw):
-        base = bytearray(draw(st.sampled_from(seeds)))
-        for _ in range(draw(st.integers(1, 8))):
-            op = draw(st.integers(0, 3))
-            pos = draw(st.integers(0, max(len(base) - 1, 0)))
-            if op == 0 and base:
-                base[pos] = draw(st.integers(0, 255))
-            elif op == 1:
-                base[pos:pos] = draw(st.binary(max_size=16))
-            elif op == 2:
-                del base[pos:pos + draw(st.integers(1, 16))]
-            else:
-                base = base[:pos]
-        return bytes(base)
-
     @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.one_of(mutated(), st.binary(max_size=512)))
+    @given(st.one_of(mutations(seeds, max_ops=8, max_chunk=16), st.binary(max_size=512)))
     def run(data):
         count["n"] += 1
         check_one(data)  # a violation propagates (hypothesis shrinks it first)

@@ -76,16 +76,7 @@ def one_schema_records(draw):
         if draw(st.booleans()):
             out.append(base)
             continue
-        b = bytearray(base)
-        pos = draw(st.integers(0, len(b) - 1))
-        op = draw(st.integers(0, 2))
-        if op == 0:
-            b[pos] = draw(st.integers(0, 255))
-        elif op == 1:
-            del b[pos:pos + draw(st.integers(1, 8))]
-        else:
-            b[pos:pos] = draw(st.binary(min_size=1, max_size=8))
-        out.append(bytes(b))
+        out.append(draw(fz.mutations([base], max_ops=1, max_chunk=8)))
     return out
 
 

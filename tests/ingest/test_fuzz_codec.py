@@ -34,28 +34,8 @@ def test_seed_corpus_is_valid():
     assert all(fz.check_one(s) == "ok" for s in SEEDS)
 
 
-@st.composite
-def mutated(draw):
-    base = bytearray(draw(st.sampled_from(SEEDS)))
-    for _ in range(draw(st.integers(1, 6))):
-        op = draw(st.integers(0, 4))
-        pos = draw(st.integers(0, max(len(base) - 1, 0)))
-        if op == 0 and base:
-            base[pos] = draw(st.integers(0, 255))
-        elif op == 1:
-            base[pos:pos] = draw(st.binary(max_size=12))
-        elif op == 2:
-            del base[pos:pos + draw(st.integers(1, 12))]
-        elif op == 3:
-            base = base[:pos]
-        elif len(base) >= 32:  # lie in a header field: n, d or n_cat
-            off = draw(st.sampled_from([24, 25, 26, 27, 28, 30]))
-            base[off] = draw(st.integers(0, 255))
-    return bytes(base)
-
-
 @settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(mutated(), st.binary(max_size=256)))
+@given(st.one_of(fz.mutations(SEEDS), st.binary(max_size=256)))
 def test_hypothesis_fuzz_decoder_contract(data):
     fz.check_one(data)
 
