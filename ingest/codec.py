@@ -370,9 +370,8 @@ def _decode_compiled(values: Sequence, known: Mapping[bytes, TelemetrySchema], m
         from ingest import _decode_kernel
 
         out = _decode_kernel.decode_bulk(values, schema, max_reports, max_bytes)
-    except Exception:  # the Python decoder below names whatever went wrong
-        log_fn = logger.exception if logger.isEnabledFor(logging.DEBUG) else logger.warning
-        log_fn("compiled decoder failed; decoding in Python")
+    except Exception as exc:  # a bug; the Python decoder below still decodes (and names errors)
+        logger.warning("compiled decoder failed (%s: %s); decoding in Python", type(exc).__name__, exc)
         return None
     if out is None:
         return None

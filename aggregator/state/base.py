@@ -105,7 +105,7 @@ def doubling_draws(records, counts, dim: int) -> np.ndarray:
     """
     from aggregator.state._kernels import sl_draws
 
-    seeds = np.fromiter(map(xxhash.xxh3_64_intdigest, records), dtype=np.uint64, count=len(records))
+    seeds = np.fromiter(map(doubling_seed, records), dtype=np.uint64, count=len(records))
     n = np.asarray(counts, dtype=np.int64).reshape(-1)
     out = np.empty((int(n.sum()), int(dim)))
     sl_draws(seeds, n, out)

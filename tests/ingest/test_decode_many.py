@@ -151,3 +151,18 @@ def test_mixed_block_layouts_are_combined_without_falling_back(monkeypatch):  # 
     assert calls == [len(values)]  # one combined pass, no record-by-record fallback
     assert results == [decode(v, KNOWN).n for v in values]
     _assert_same_batch(batch, concat_batches([decode(v, KNOWN) for v in values]))
+
+
+def test_a_failing_compiled_decoder_falls_back_to_python(monkeypatch, caplog):
+    from ingest import _decode_kernel
+
+    def broken(*a):
+        raise RuntimeError("kernel bug")
+
+    seeds = BY_SCHEMA[sorted(BY_SCHEMA)[0]]
+    want = concat_batches([decode(v, KNOWN) for v in seeds])
+    monkeypatch.setattr(_decode_kernel, "decode_bulk", broken)
+    batch, results = decode_many(seeds, KNOWN)
+    assert results == [decode(v, KNOWN).n for v in seeds]
+    _assert_same_batch(batch, want)
+    assert "compiled decoder failed (RuntimeError: kernel bug)" in caplog.text
