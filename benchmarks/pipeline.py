@@ -487,27 +487,21 @@ def section_consume(
 
 def _raw_pass(tmp, bootstrap: str, topic: str, n_records: int, tag: str) -> dict:
     """One pass of the raw consumer process over ``topic`` from its beginning."""
-    rf = {k: tmp / f"{tag}.raw.{k}" for k in ("ready", "out", "log")}
-    rp = spawn(
-        [
-            "_raw",
-            "--bootstrap",
-            bootstrap,
-            "--topic",
-            topic,
-            "--records",
-            str(n_records),
-            "--partitions",
-            "1",
-            "--ready",
-            str(rf["ready"]),
-            "--out",
-            str(rf["out"]),
-        ],
-        rf["log"],
-    )
+    rp, rf = _spawn_raw(tmp, bootstrap, topic, n_records, tag)
     reap([rp], 900)
     return json.loads(rf["out"].read_text())
+
+
+def _spawn_raw(tmp, bootstrap: str, topic: str, n_records: int, tag: str) -> tuple[subprocess.Popen, dict]:
+    """Start the raw consumer process (1 partition, from the beginning); returns it and its
+    ``ready`` / ``out`` / ``log`` paths."""
+    rf = {k: tmp / f"{tag}.raw.{k}" for k in ("ready", "out", "log")}
+    rp = spawn(
+        ["_raw", "--bootstrap", bootstrap, "--topic", topic, "--records", str(n_records),
+         "--partitions", "1", "--ready", str(rf["ready"]), "--out", str(rf["out"])],
+        rf["log"],
+    )
+    return rp, rf
 
 
 def section_e2e(tmp, bootstrap, schema, pool, plan) -> list[dict]:
@@ -542,25 +536,7 @@ def section_e2e(tmp, bootstrap, schema, pool, plan) -> list[dict]:
         from ingest.kafka import ensure_topic
 
         ensure_topic(bootstrap, rtopic, 1)
-        rf = {k: tmp / f"{tag}.raw.{k}" for k in ("ready", "out", "log")}
-        rp = spawn(
-            [
-                "_raw",
-                "--bootstrap",
-                bootstrap,
-                "--topic",
-                rtopic,
-                "--records",
-                str(n_records),
-                "--partitions",
-                "1",
-                "--ready",
-                str(rf["ready"]),
-                "--out",
-                str(rf["out"]),
-            ],
-            rf["log"],
-        )
+        rp, rf = _spawn_raw(tmp, bootstrap, rtopic, n_records, tag)
         wait_files([rf["ready"]], [rp], 60)
         values = encoded_records(pool, m, min(n_records, 200))
         r0, _ = raw_produce(bootstrap, rtopic, values, n_records)
