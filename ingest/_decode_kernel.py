@@ -14,21 +14,26 @@ on the records' concatenated bytes:
 
 They only *accept* or *refuse* a record: any refusal sends the whole call back to the Python
 decoder, which names the error of each record. The contract — accept exactly what
-``codec.decode`` accepts, with the same reports — is tested in ``tests/ingest/test_decode_many.py``
-(hypothesis, good records mixed with mutated ones). Layout: docs/wire-format.md, DESIGN §4.
+``codec.decode`` accepts, with the same reports — is tested in ``tests/ingest/test_decode_kernel.py``
+(every single-byte change, deletion and insertion of the fuzz seeds) and through ``decode_many``
+in ``tests/ingest/test_decode_many.py``. Layout: docs/wire-format.md, DESIGN §4; the layout
+constants are ``ingest.codec``'s.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ingest import codec
 from ingest._numba import jit
 
 __all__ = ["decode_bulk", "fill", "scan", "warm"]
 
-_HEADER_SIZE = 32
-_BLOCK_SIZE = 12
-_MAGIC = np.frombuffer(b"LDPR", dtype=np.uint8)
+_HEADER_SIZE = codec._HEADER.size
+_BLOCK_SIZE = codec._BLOCK.size
+_VERSION = codec.FORMAT_VERSION
+_CODES, _SPARSE, _BITMAP = codec.KIND_CODES, codec.KIND_SPARSE, codec.KIND_BITMAP
+_MAGIC = np.frombuffer(codec.MAGIC, dtype=np.uint8)
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
 #: Positions of the set bits of each byte value (LSB first), padded with 0.
 _BITPOS = np.array([[b for b in range(8) if v >> b & 1] + [0] * (8 - bin(v).count("1"))
@@ -53,41 +58,35 @@ def _good_width(w):  # pragma: no cover - compiled
 
 @jit(nogil=True)
 def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcount,
-         ns, lay, nnz, status):  # pragma: no cover - compiled
+         ns, lay, nnz):  # pragma: no cover - compiled
     """Scalar checks of records ``r`` = ``buf[starts[r]:starts[r + 1]]``.
 
     Writes ``ns[r]`` (reports), ``lay[r, j] = (kind, width, len_width, payload offset, payload
-    length)`` and ``nnz[r, j]`` (ones of a uRAP column) per categorical field ``j``, and
-    ``status[r]`` = 0 (passes) or 1 (refused); returns the number refused. ``is_codes[j]`` marks
+    length)`` and ``nnz[r, j]`` (ones of a uRAP column) per categorical field ``j``. Stops at the
+    first refused record and returns 1; returns 0 when every record passes. ``is_codes[j]`` marks
     uRR fields (codes blocks), ``ks[j]`` is the field's k.
     """
-    bad = 0
     ncat = is_codes.shape[0]
     for r in range(starts.shape[0] - 1):
         a = starts[r]
         size = starts[r + 1] - a
-        status[r] = 1
-        ns[r] = 0
         if size > max_bytes or size < _HEADER_SIZE:
-            bad += 1
-            continue
+            return 1
         ok = True
         for i in range(4):
             if buf[a + i] != magic[i]:
                 ok = False
-        if buf[a + 4] != 1 or buf[a + 5] != 0 or buf[a + 6] != 0 or buf[a + 7] != 0:
+        if buf[a + 4] != _VERSION or buf[a + 5] != 0 or buf[a + 6] != 0 or buf[a + 7] != 0:
             ok = False
         for i in range(16):
             if buf[a + 8 + i] != fp[i]:
                 ok = False
         n = _uint(buf, a + 24, 4)
         if not ok or n > max_reports or _uint(buf, a + 28, 2) != d or _uint(buf, a + 30, 2) != ncat:
-            bad += 1
-            continue
+            return 1
         pos = _HEADER_SIZE + n * d * 8
         if pos > size:
-            bad += 1
-            continue
+            return 1
         for j in range(ncat):
             if pos + _BLOCK_SIZE > size:
                 ok = False
@@ -103,11 +102,11 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
                 ok = False
                 break
             if is_codes[j]:
-                if kind != 1 or not _good_width(w) or lw != 0 or k != 0 or plen != n * w:
+                if kind != _CODES or not _good_width(w) or lw != 0 or k != 0 or plen != n * w:
                     ok = False
                     break
                 count = 0
-            elif kind == 2:
+            elif kind == _SPARSE:
                 if k != ks[j] or not _good_width(w) or not _good_width(lw):
                     ok = False
                     break
@@ -116,7 +115,7 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
                     ok = False
                     break
                 count = (plen - head) // w
-            elif kind == 3:
+            elif kind == _BITMAP:
                 if k != ks[j] or w != 0 or lw != 0 or plen != n * ((k + 7) // 8):
                     ok = False
                     break
@@ -134,22 +133,20 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
             nnz[r, j] = count
             pos += plen
         if not ok or pos != size:
-            bad += 1
-            continue
+            return 1
         ns[r] = n
-        status[r] = 0
-    return bad
+    return 0
 
 
 @jit(nogil=True)
 def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-         status, popcount, bitpos):  # pragma: no cover - compiled
+         popcount, bitpos):  # pragma: no cover - compiled
     """Value checks and the columns of records that passed :func:`scan` (all of them).
 
     ``numeric (N, d)``, ``codes (n_codes_fields, N)`` int32, ``offsets (n_urap_fields, N + 1)``
     int64 and ``indices`` int32 (field ``s``'s positions from ``ibase[s]``) are written in place;
     ``slot[j]`` is field ``j``'s row in ``codes`` or ``offsets``. Stops at the first refused
-    record ``r`` (``status[r] = 1``, returns 1); returns 0 when every record passes.
+    record and returns 1; returns 0 when every record passes.
     """
     nurap = offsets.shape[0]
     cur = np.zeros(nurap, np.int64)  # positions written so far, per uRAP field
@@ -182,7 +179,7 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
                     codes[s, row0 + i] = v
                 continue
             base = ibase[s]
-            if kind == 2:
+            if kind == _SPARSE:
                 q = p + n * lw  # first position
                 end = p + lay[r, j, 4]
                 c = cur[s]
@@ -221,7 +218,6 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
             if not ok:
                 break
         if not ok:
-            status[r] = 1
             return 1  # the caller falls back to the Python decoder for the whole call
         row0 += n
     return 0
@@ -261,9 +257,7 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     ns = np.empty(r_count, dtype=np.int64)
     lay = np.zeros((r_count, ncat, 5), dtype=np.int64)
     nnz = np.zeros((r_count, ncat), dtype=np.int64)
-    status = np.empty(r_count, dtype=np.int8)
-    if scan(buf, starts, fp, _MAGIC, d, is_codes, ks, max_reports, max_bytes, _POPCOUNT,
-            ns, lay, nnz, status):
+    if scan(buf, starts, fp, _MAGIC, d, is_codes, ks, max_reports, max_bytes, _POPCOUNT, ns, lay, nnz):
         return None
     n_total = int(ns.sum())
     slot = np.empty(ncat, dtype=np.int64)
@@ -276,7 +270,7 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     codes = np.empty((int(is_codes.sum()), n_total), dtype=np.int32)
     offsets = np.empty((per_field.size, n_total + 1), dtype=np.int64)
     indices = np.empty(int(per_field.sum()), dtype=np.int32)
-    if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase, status,
+    if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
             _POPCOUNT, _BITPOS):
         return None
     columns = []
@@ -295,8 +289,6 @@ def warm() -> None:
     z = np.zeros(1, np.int64)
     b = np.zeros(1, np.bool_)
     lay = np.zeros((0, 1, 5), np.int64)
-    scan(buf, z, _MAGIC, _MAGIC, 0, b, z, 1, 1, _POPCOUNT, z[:0], lay, np.zeros((0, 1), np.int64),
-         np.zeros(0, np.int8))
+    scan(buf, z, _MAGIC, _MAGIC, 0, b, z, 1, 1, _POPCOUNT, z[:0], lay, np.zeros((0, 1), np.int64))
     fill(buf, z, z[:0], lay, 0, b, z, z, np.zeros((0, 0)), np.zeros((1, 0), np.int32),
-         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int8),
-         _POPCOUNT, _BITPOS)
+         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), _POPCOUNT, _BITPOS)
