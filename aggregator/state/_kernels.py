@@ -165,8 +165,10 @@ def _ziggurat(f, finv, tail_area, r0: float) -> tuple[float, np.ndarray, np.ndar
         return x, v / x[-1] + f(x[-1]) - f(0.0)
 
     lo, hi = r0 * 0.999, r0 * 1.001  # closure error > 0 below the right r, < 0 above
-    for _ in range(200):
+    while True:  # until lo and hi are adjacent doubles (≈ 50 halvings)
         mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
         _, err = build(mid)
         if err > 0:
             lo = mid
