@@ -4,7 +4,7 @@ The Python loop of ``SGDState._update`` pays ~100 µs of interpreter and NumPy c
 mini-batch step (four gradient/Hessian calls on 64 rows), which capped a worker at ≈ 1.1·10⁵
 reports/s on the flights pipeline (docs/benchmarks.md). This module runs the *same* algorithm —
 the same steps, anchors, one-step sums and random-scaling sums, in the same order — as one
-numba-compiled loop over the rows, for losses ``φ(η, y)`` with ``η = zᵀθ``:
+numba-compiled loop over the mini-batches, for losses ``φ(η, y)`` with ``η = zᵀθ``:
 
 * ``PHI_LOGISTIC``: ``φ_η = p − y``, ``φ_ηη = p(1 − p)``, ``p = ½(1 + tanh(η/2))``
   (``mechanisms.losses.LogisticLoss``, thresholded or linear label);
@@ -13,8 +13,12 @@ numba-compiled loop over the rows, for losses ``φ(η, y)`` with ``η = zᵀθ``
 
 The corrected gradient of one report is ``a·φ_η(η₁, y₁) z₁ − b·φ_η(η₂, y₂) z₂`` with
 ``(a, b) = (1/δ, (1−δ)/δ)`` for DR and ``(1, 0)`` for naive/oracle (``mechanisms.corrected``);
-Hessians combine the same way. Results agree with the Python loop to rounding (sums in another
-order); ``tests/aggregator/test_sgd_kernel.py`` checks it.
+Hessians combine the same way. Each mini-batch is held column-wise (q × batch) and its sums over
+rows are vectorized dot products; the symmetric sums (Hessians, ``Σ g gᵀ``) are accumulated on
+their upper triangle. With the anchor pass that doubles the row work, this took the thresholded
+logistic with one-step sums from 0.13 to 0.05–0.09 µs per report (``benchmarks.pipeline``,
+section breakdown). Results agree with the Python loop to rounding (sums in another order);
+``tests/aggregator/test_sgd_kernel.py`` checks it.
 
 Source: DESIGN §5 (online M-estimation), ``aggregator.state.sgd`` module docstring.
 """
@@ -41,59 +45,93 @@ LABEL_THRESHOLD = 1
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@jit(nogil=True, error_model="numpy")
-def _row(z, i, y, theta, code, tau, hmode):
-    """(η, φ_η, φ_ηη) of row ``i`` at ``theta`` (φ_ηη only for the analytic Hessian)."""
-    eta = 0.0
-    for j in range(theta.shape[0]):
-        eta += z[i, j] * theta[j]
-    if code == PHI_LOGISTIC:
-        p = 1.0 / (1.0 + math.exp(-eta))  # = (1 + tanh(η/2))/2, at the cost of one exp
-        return eta, p - y[i], p * (1.0 - p)
-    return eta, (1.0 if y[i] < eta else 0.0) - tau, 0.0
+#: Sums over a mini-batch's rows may be reassociated (vectorized): the sums differ from a
+#: row-by-row loop in the last bits only, and are the same on every run of one build.
+_SUMS = {"reassoc", "contract"}
 
 
 @jit(nogil=True, error_model="numpy")
-def _add_hess(z, i, r, w_coef, hmode, bw, hb):
-    """hb[k] += w_coef · w_k · z_i z_iᵀ for every Hessian rung k (``r``: φ_ηη for the analytic
-    Hessian, the kink ``y − η`` for the ladder)."""
-    q = z.shape[1]
-    for k in range(hb.shape[0]):
-        if hmode == HESS_ANALYTIC:
-            w = r
-        else:
-            u = r / bw[k]
-            w = math.exp(-0.5 * u * u) * _INV_SQRT_2PI / bw[k]
-        w *= w_coef
-        for a in range(q):
-            za = w * z[i, a]
-            for b in range(q):
-                hb[k, a, b] += za * z[i, b]
-
-
-@jit(nogil=True, error_model="numpy")
-def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop, zb, yb):
-    """Design rows ``zb`` and labels ``yb`` of stream rows ``[start, stop)``: rows ``< len(ub)``
-    come from the standardized buffer ``ub``, the others from ``x`` standardized on the fly as
-    ``u = (x[:, cols] − shift)/scale`` (the same arithmetic as ``SGDState._std``)."""
+def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop, zt, yb):
+    """Design columns ``zt`` (q, stop − start) and labels ``yb`` of stream rows ``[start, stop)``:
+    rows ``< len(ub)`` come from the standardized buffer ``ub``, the others from ``x``
+    standardized on the fly as ``u = (x[:, cols] − shift)/scale`` (the same arithmetic as
+    ``SGDState._std``)."""
     m = ub.shape[0]
     k = cols.shape[0] - 1
     off = 1 if intercept else 0
     for r in range(start, stop):
         i = r - start
         if intercept:
-            zb[i, 0] = 1.0
+            zt[0, i] = 1.0
         for j in range(k + 1):
             if r < m:
                 u = ub[r, j]
             else:
                 u = (x[r - m, cols[j]] - shift[j]) / scale[j]
             if j < k:
-                zb[i, off + j] = u
+                zt[off + j, i] = u
             elif label_mode == LABEL_THRESHOLD:
                 yb[i] = 1.0 if u > t_label else 0.0
             else:
                 yb[i] = u
+
+
+@jit(nogil=True, error_model="numpy")
+def _phi(zt, y, v, coef, code, tau, eta, g, h):
+    """Per row ``i``: ``eta[i] = z_iᵀ v``, ``g[i] = coef·φ_η(η_i, y_i)`` and (logistic)
+    ``h[i] = coef·φ_ηη(η_i)``."""
+    n = y.shape[0]
+    eta[:] = 0.0
+    for j in range(v.shape[0]):
+        vj = v[j]
+        for i in range(n):
+            eta[i] += zt[j, i] * vj
+    if code == PHI_LOGISTIC:
+        for i in range(n):
+            p = 1.0 / (1.0 + math.exp(-eta[i]))  # = (1 + tanh(η/2))/2, at the cost of one exp
+            g[i] = coef * (p - y[i])
+            h[i] = coef * (p * (1.0 - p))
+    else:
+        for i in range(n):
+            g[i] = coef * ((1.0 if y[i] < eta[i] else 0.0) - tau)
+
+
+@jit(nogil=True, error_model="numpy", fastmath=_SUMS)
+def _dot(u, v):
+    """``Σ_i u[i] v[i]``."""
+    acc = 0.0
+    for i in range(u.shape[0]):
+        acc += u[i] * v[i]
+    return acc
+
+
+@jit(nogil=True, error_model="numpy", fastmath=_SUMS)
+def _wdot(w, u, v):
+    """``Σ_i w[i] u[i] v[i]``."""
+    acc = 0.0
+    for i in range(u.shape[0]):
+        acc += w[i] * u[i] * v[i]
+    return acc
+
+
+@jit(nogil=True, error_model="numpy")
+def _add_hess(zt, y, eta, h, w, hmode, bw, sign, hb):
+    """``hb[k] += sign · Σ_i w_k,i z_i z_iᵀ`` for every Hessian rung k: ``w = h`` (analytic,
+    coefficient included), or the Gaussian kernel of the kink ``y − η`` at bandwidth ``bw[k]``
+    times ``|sign|`` (ladder); ``w`` is scratch."""
+    q = zt.shape[0]
+    for k in range(hb.shape[0]):
+        if hmode == HESS_ANALYTIC:
+            w[:] = h
+        else:
+            c = abs(sign) * _INV_SQRT_2PI / bw[k]
+            for i in range(y.shape[0]):
+                u = (y[i] - eta[i]) / bw[k]
+                w[i] = c * math.exp(-0.5 * u * u)
+        sg = 1.0 if sign > 0 else -1.0
+        for r in range(q):
+            for c2 in range(r, q):
+                hb[k, r, c2] += sg * _wdot(w, zt[r], zt[c2])
 
 
 @jit(nogil=True, error_model="numpy")
@@ -143,56 +181,71 @@ def run_steps(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_lab
     K = os_h.shape[0]
     two = b != 0.0
     gsum = np.empty(q)
-    gi = np.empty(q)
     anc = np.empty(q)
-    hb = np.empty((K, q, q))
-    z1 = np.empty((batch, q))
-    z2 = np.empty((batch, q))
+    hb = np.empty((K, q, q))  # one mini-batch's Hessian sums (upper triangle)
+    ss = np.zeros((q, q))  # Σ g_i g_iᵀ of this call (upper triangle)
+    hs = np.zeros((K, q, q))  # Σ of the mini-batch Hessians of this call (upper triangle)
+    z1 = np.empty((q, batch))  # design columns of one mini-batch
+    z2 = np.empty((q, batch))
     y1 = np.empty(batch)
     y2 = np.empty(batch)
+    e1 = np.empty(batch)  # per row: η, coef·φ_η, coef·φ_ηη, kernel weights
+    e2 = np.empty(batch)
+    g1 = np.empty(batch)
+    g2 = np.empty(batch)
+    h1 = np.empty(batch)
+    h2 = np.empty(batch)
+    w = np.empty(batch)
+    gt = np.empty((q, batch))  # per-row corrected gradients at the anchor
     for start in range(0, full, batch):
         _fill(ub1, x1, cols, shift, scale, intercept, label_mode, t_label, start, start + batch, z1, y1)
         if two:
             _fill(ub2, x2, cols, shift, scale, intercept, label_mode, t_label, start, start + batch, z2, y2)
-        gsum[:] = 0.0
-        for i in range(batch):
-            pe = a * _row(z1, i, y1, theta, code, tau, hmode)[1]
-            for j in range(q):
-                gsum[j] += pe * z1[i, j]
+        # corrected gradient at the iterate: Σ_i a·φ_η(x₁ᵢ) z₁ᵢ − b·φ_η(x₂ᵢ) z₂ᵢ
+        _phi(z1, y1, theta, a, code, tau, e1, g1, h1)
+        if two:
+            _phi(z2, y2, theta, b, code, tau, e2, g2, h2)
+        for j in range(q):
+            gsum[j] = _dot(g1, z1[j])
             if two:
-                pe2 = b * _row(z2, i, y2, theta, code, tau, hmode)[1]
-                for j in range(q):
-                    gsum[j] -= pe2 * z2[i, j]
+                gsum[j] -= _dot(g2, z2[j])
         t = sc[0]
         if acc and t >= burn:
             # anchor: the running Polyak average once there is one, else the iterate
             if sc[1] >= 1:
                 anc[:] = avg
-            else:
-                anc[:] = theta
-            hb[:] = 0.0
-            for i in range(batch):
-                e1, pe, h1 = _row(z1, i, y1, anc, code, tau, hmode)
-                for j in range(q):
-                    gi[j] = a * pe * z1[i, j]
-                _add_hess(z1, i, h1 if hmode == HESS_ANALYTIC else y1[i] - e1, a, hmode, bw, hb)
+                _phi(z1, y1, anc, a, code, tau, e1, g1, h1)
                 if two:
-                    e2, pe2, h2 = _row(z2, i, y2, anc, code, tau, hmode)
-                    for j in range(q):
-                        gi[j] -= b * pe2 * z2[i, j]
-                    _add_hess(z2, i, h2 if hmode == HESS_ANALYTIC else y2[i] - e2, -b, hmode, bw, hb)
-                for j in range(q):
-                    os_g[j] += gi[j]
-                    for m in range(q):
-                        os_s[j, m] += gi[j] * gi[m]
+                    _phi(z2, y2, anc, b, code, tau, e2, g2, h2)
+            else:
+                anc[:] = theta  # the values at the iterate are those of the anchor
+            hb[:] = 0.0
+            _add_hess(z1, y1, e1, h1, w, hmode, bw, a, hb)
+            if two:
+                _add_hess(z2, y2, e2, h2, w, hmode, bw, -b, hb)
+            for j in range(q):
+                for i in range(batch):
+                    gt[j, i] = g1[i] * z1[j, i]
+                if two:
+                    for i in range(batch):
+                        gt[j, i] -= g2[i] * z2[j, i]
+            for j in range(q):
+                acc_g = 0.0
+                for i in range(batch):
+                    acc_g += gt[j, i]
+                os_g[j] += acc_g
+                for m in range(j, q):
+                    ss[j, m] += _dot(gt[j], gt[m])
             for k in range(K):
                 tr = 0.0
                 for j in range(q):
                     tr += hb[k, j, j]
                     acc_ht = 0.0
                     for m in range(q):
-                        os_h[k, j, m] += hb[k, j, m]
-                        acc_ht += hb[k, j, m] * anc[m]
+                        hjm = hb[k, j, m] if m >= j else hb[k, m, j]
+                        acc_ht += hjm * anc[m]
+                        if m >= j:
+                            hs[k, j, m] += hjm
                     os_ht[k, j] += acc_ht
                 os_t1[k] += tr
                 os_t2[k] += tr * tr
@@ -214,6 +267,16 @@ def run_steps(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_lab
                 for m in range(q):
                     rs_a[j, m] += s2 * avg[j] * avg[m]
             sc[2] += s2
+    # the symmetric one-step sums, from their upper triangles
+    for j in range(q):
+        for m in range(j, q):
+            os_s[j, m] += ss[j, m]
+            if m > j:
+                os_s[m, j] += ss[j, m]
+            for k in range(K):
+                os_h[k, j, m] += hs[k, j, m]
+                if m > j:
+                    os_h[k, m, j] += hs[k, j, m]
 
 _warm = False
 
