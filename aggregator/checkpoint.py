@@ -322,6 +322,25 @@ class StateTopicReader:
             if time.monotonic() > deadline:
                 raise StateError(f"could not read state topic {self.topic!r} to its end in {timeout_s}s")
 
+    def probe(self, timeout_s: float = 10.0) -> dict:
+        """Ask the broker for the end offsets of the state topic's partitions: a round trip that
+        fails when the broker does not answer (``poll`` does not: it retries in the background).
+
+        Returns
+        -------
+        dict TopicPartition → int
+            End offset per partition.
+
+        Raises
+        ------
+        StateError
+            If the topic has no partitions.
+        kafka.errors.KafkaError
+            (``KafkaTimeoutError`` …) if the broker does not answer within ``timeout_s`` seconds.
+        """
+        self._assign(min(timeout_s, 5.0))
+        return self.consumer.end_offsets(self._tps, timeout_ms=int(timeout_s * 1000))
+
     def close(self) -> None:
         """Close the underlying consumer (idempotent)."""
         try:

@@ -45,7 +45,15 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from aggregator.errors import ConfigError
 from aggregator.queries import (
@@ -108,19 +116,29 @@ class WorkerSection(_Frozen):
 
 
 class ServeSection(_Frozen):
-    """``[serve]``: HTTP listen address (loopback by default), port and how often merged
-    estimates are refreshed from the state topic (seconds)."""
+    """``[serve]``: HTTP listen address (loopback by default), port, how often merged
+    estimates are refreshed from the state topic (seconds), and after how many seconds without
+    an answer from the broker ``/readyz`` reports not ready (``stale_after_s`` >
+    ``refresh_interval_s``)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65_535)
     refresh_interval_s: float = Field(default=5.0, gt=0, le=86_400)
+    stale_after_s: float = Field(default=60.0, gt=0, le=86_400 * 7)
 
-    @field_validator("refresh_interval_s")
+    @field_validator("refresh_interval_s", "stale_after_s")
     @classmethod
-    def _finite(cls, v: float) -> float:
+    def _finite(cls, v: float, info) -> float:
         if not math.isfinite(v):
-            raise ValueError(f"refresh_interval_s must be finite, got {v}")
+            raise ValueError(f"{info.field_name} must be finite, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _stale_after_refresh(self):
+        if self.stale_after_s <= self.refresh_interval_s:
+            raise ValueError(f"stale_after_s must be > refresh_interval_s ({self.refresh_interval_s}), "
+                             f"got {self.stale_after_s}")
+        return self
 
 
 class PipelineConfig(_Frozen):

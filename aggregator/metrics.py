@@ -53,6 +53,7 @@ SERVE_METRIC_NAMES: tuple[str, ...] = (
     "ldp_estimate_reports",
     "ldp_state_records_invalid_total",
     "ldp_state_partitions",
+    "ldp_state_topic_last_contact_timestamp_seconds",
 )
 #: Every family name registered by this module.
 METRIC_NAMES: tuple[str, ...] = tuple(dict.fromkeys(WORKER_METRIC_NAMES + SERVE_METRIC_NAMES))
@@ -161,6 +162,10 @@ class ServeMetrics:
                                      "State-topic records that failed to decode.", registry=r)
         self.partitions = Gauge("ldp_state_partitions", "Partition checkpoints merged per query.",
                                 ["query"], registry=r)
+        self.state_contact = Gauge("ldp_state_topic_last_contact_timestamp_seconds",
+                                   "Unix time the broker last answered for the state topic (read to "
+                                   "its end, or its end offsets returned); alert on its age.",
+                                   registry=r)
 
     def set_estimate(self, query: str, estimate: Mapping) -> None:
         """Publish one query's estimate.

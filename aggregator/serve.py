@@ -6,8 +6,15 @@
   state topic — a background thread reads it with a group-less consumer assigned to every
   partition from the beginning — and recomputes the merged estimates and the Prometheus gauges.
 * :func:`build_app` is a read-only starlette app: ``GET /estimates``, ``GET /estimates/{query}``,
-  ``GET /privacy``, ``GET /healthz``, ``GET /metrics``. Other methods get 405; errors are JSON
-  (never a traceback).
+  ``GET /privacy``, ``GET /healthz`` (liveness), ``GET /readyz`` (readiness), ``GET /metrics``.
+  Other methods get 405; errors are JSON (never a traceback).
+
+Health (docs/deploy.md): ``/healthz`` is 200 while the refresh thread runs — ``"status": "ok"``,
+or ``"degraded"`` with ``last_error`` while the state topic cannot be read (a restart would not
+help: the last good estimates stay served) — and 503 once the thread has died. ``/readyz`` is 200
+once the state topic has been read to its end and while the broker last answered less than
+``stale_after_s`` seconds ago; otherwise 503 with the reason, so that a fresh replica gets no
+traffic before it holds the estimates, nor a replica cut off from the broker.
 """
 
 from __future__ import annotations
@@ -96,22 +103,37 @@ class EstimateStore:
     metrics : ServeMetrics or None
         Gauges to update; ``None`` creates one with a private registry.
     refresh_interval_s : float
-        Seconds between recomputations of the merged estimates (> 0).
+        Seconds between recomputations of the merged estimates (> 0); each one also asks the
+        broker for the state topic's end offsets (:meth:`StateTopicReader.probe`).
+    stale_after_s : float
+        :meth:`readiness` fails once the broker has not answered for this many seconds
+        (> ``refresh_interval_s``).
+
+    Attributes
+    ----------
+    loaded_at, last_contact : float or None
+        Unix times the state topic was first read to its end, and the broker last answered.
 
     Raises
     ------
     ConfigError
-        If ``refresh_interval_s`` ≤ 0.
+        If ``refresh_interval_s`` ≤ 0 or ``stale_after_s`` ≤ ``refresh_interval_s``.
     """
 
     def __init__(self, runtime, reader: StateTopicReader | None = None, metrics: ServeMetrics | None = None,
-                 refresh_interval_s: float = 1.0) -> None:
+                 refresh_interval_s: float = 1.0, stale_after_s: float = 60.0) -> None:
         if not (isinstance(refresh_interval_s, int | float) and refresh_interval_s > 0):
             raise ConfigError(f"refresh_interval_s must be > 0 seconds, got {refresh_interval_s!r}")
+        if not (isinstance(stale_after_s, int | float) and stale_after_s > refresh_interval_s):
+            raise ConfigError(f"stale_after_s must be > refresh_interval_s ({refresh_interval_s}), "
+                              f"got {stale_after_s!r}")
         self.runtime = runtime
         self.reader = reader
         self.metrics = metrics if metrics is not None else ServeMetrics()
         self.refresh_interval_s = float(refresh_interval_s)
+        self.stale_after_s = float(stale_after_s)
+        self.loaded_at: float | None = None
+        self.last_contact: float | None = None
         self._lock = threading.Lock()
         self._estimates: dict[str, dict] = {}
         self._info: dict = {"partitions": [], "reports": 0, "next_offsets": {}}
@@ -174,6 +196,16 @@ class EstimateStore:
             self._estimates = estimates
             self._info = info
             self.last_refresh = time.time()
+        if self.reader is None:  # fed by hand: the caller's checkpoints are the whole topic
+            self._contact(loaded=True)
+
+    def _contact(self, loaded: bool = False) -> None:
+        """Record an answer of the broker (and, with ``loaded``, a full read of the topic)."""
+        now = time.time()
+        self.last_contact = now
+        if loaded and self.loaded_at is None:
+            self.loaded_at = now
+        self.metrics.state_contact.set(now)
 
     def refresh(self, timeout_s: float = 30.0) -> None:
         """Read the state topic to its end and recompute (synchronously)."""
@@ -181,13 +213,22 @@ class EstimateStore:
             raise AggregatorError("EstimateStore has no state-topic reader")
         self.reader.catch_up(timeout_s)
         self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
+        self._contact(loaded=True)
 
     def _loop(self) -> None:
         next_compute = 0.0
         while not self._stop.is_set():
             try:
+                if self.loaded_at is None:  # first read the topic to its end (readiness)
+                    self.reader.catch_up(timeout_s=max(10.0, self.stale_after_s))
+                    self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
+                    self._contact(loaded=True)
+                    self.last_error = None
+                    next_compute = time.monotonic() + self.refresh_interval_s
                 self.reader.poll(timeout_ms=200)
                 if time.monotonic() >= next_compute:
+                    self.reader.probe(timeout_s=min(10.0, self.stale_after_s))
+                    self._contact()
                     self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
                     next_compute = time.monotonic() + self.refresh_interval_s
                     self.last_error = None
@@ -195,6 +236,32 @@ class EstimateStore:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("state-topic refresh failed: %s", self.last_error)
                 self._stop.wait(1.0)
+
+    # -------------------------------------------------------------------------------- health
+    def health(self) -> tuple[int, dict]:
+        """Liveness: ``(HTTP status, body)`` — 503 once the started refresh thread has died, else
+        200 with ``"status"`` ``"ok"`` or ``"degraded"`` (the last refresh failed: ``last_error``)."""
+        body = {"last_refresh": self.last_refresh, "last_contact": self.last_contact,
+                "last_error": self.last_error, "partitions": self.info()["partitions"]}
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            return 503, {"status": "failed", "error": "the state-topic refresh thread stopped", **body}
+        return 200, {"status": "degraded" if self.last_error else "ok", **body}
+
+    def readiness(self) -> tuple[int, dict]:
+        """Readiness: ``(HTTP status, body)`` — 200 ``{"status": "ready"}`` once the state topic
+        has been read to its end and while the broker answered within ``stale_after_s``; else 503
+        ``{"status": "not_ready", "reason": ...}``."""
+        code, body = self.health()
+        if code != 200:
+            return code, {**body, "status": "not_ready", "reason": body["error"]}
+        if self.loaded_at is None:
+            reason = "the state topic has not been read to its end yet"
+        elif time.time() - (self.last_contact or 0.0) > self.stale_after_s:
+            reason = (f"no answer from the broker for {time.time() - (self.last_contact or 0.0):.0f} s "
+                      f"(stale_after_s = {self.stale_after_s:g})")
+        else:
+            return 200, {**body, "status": "ready"}
+        return 503, {**body, "status": "not_ready", "reason": reason}
 
     def start(self) -> EstimateStore:
         """Start the background reader thread (daemon)."""
@@ -250,7 +317,8 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
     * ``/estimates`` → ``{"pipeline", "reports", "partitions", "estimates": {query: estimate}}``
     * ``/estimates/{query}`` → one estimate (404 JSON for an unknown query)
     * ``/privacy`` → the schema's privacy summary
-    * ``/healthz`` → ``{"status": "ok", "last_refresh", "partitions"}``
+    * ``/healthz`` → liveness, :meth:`EstimateStore.health` (200 ``ok``/``degraded``, 503 ``failed``)
+    * ``/readyz`` → readiness, :meth:`EstimateStore.readiness` (200 ``ready``, 503 ``not_ready``)
     * ``/metrics`` → Prometheus text exposition of the store's gauges
 
     Every error is a JSON body ``{"error": ...}`` — never a traceback.
@@ -286,8 +354,12 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
         return js(summary)
 
     async def healthz(request: Request):
-        return js({"status": "ok", "last_refresh": store.last_refresh, "last_error": store.last_error,
-                   "partitions": store.info()["partitions"]})
+        code, body = store.health()
+        return js(body, code)
+
+    async def readyz(request: Request):
+        code, body = store.readiness()
+        return js(body, code)
 
     async def metrics(request: Request):
         return Response(store.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
@@ -305,6 +377,7 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
         Route("/estimates/{query}", one, methods=methods),
         Route("/privacy", privacy_route, methods=methods),
         Route("/healthz", healthz, methods=methods),
+        Route("/readyz", readyz, methods=methods),
         Route("/metrics", metrics, methods=methods),
     ]
     return Starlette(routes=routes, debug=False,

@@ -13,7 +13,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="merge partition checkpoints and serve estimates (HTTP JSON + /metrics)",
         description="Read the state topic, merge the latest checkpoint of every partition per "
-                    "query and serve GET /estimates, /estimates/{query}, /privacy, /healthz, /metrics.")
+                    "query and serve GET /estimates, /estimates/{query}, /privacy, /healthz (liveness), "
+                    "/readyz (readiness), /metrics.")
     p.add_argument("--config", required=True, help="pipeline TOML file")
     p.add_argument("--host", default=None, help="bind address (default: [serve] host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="TCP port (default: [serve] port)")
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     reader = StateTopicReader(KafkaConsumer(**kcfg, group_id=None, enable_auto_commit=False,
                                             auto_offset_reset="earliest"),
                               cfg.topics.state, runtime.name)
-    store = EstimateStore(runtime, reader, refresh_interval_s=cfg.serve.refresh_interval_s).start()
+    store = EstimateStore(runtime, reader, refresh_interval_s=cfg.serve.refresh_interval_s,
+                          stale_after_s=cfg.serve.stale_after_s).start()
     try:
         privacy = cfg.telemetry_schema.privacy_summary()
     except Exception as exc:  # a summary problem must not stop the estimates

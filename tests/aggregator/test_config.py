@@ -98,6 +98,7 @@ def test_defaults_and_relative_schema(tmp_path):
         ('[topics]\npartitions = 0\n', r"topics\.partitions"),
         ('[worker]\nmetrics_port = 70000\n', r"worker\.metrics_port"),
         ('[serve]\nrefresh_interval_s = -1\n', r"serve\.refresh_interval_s"),
+        ("[serve]\nrefresh_interval_s = 5\nstale_after_s = 4\n", r"serve.*stale_after_s must be >"),
         ('[kafka]\nbootstrap_servers = 5\n', r"kafka"),
         ('[bogus]\nx = 1\n', r"bogus"),
     ],

@@ -126,3 +126,105 @@ def test_errors_are_json_without_traceback(served, monkeypatch):
     body = info.value.read().decode()
     assert info.value.code == 500
     assert "Traceback" not in body and "secret" not in body and "error" in body
+
+
+class _StubReader:
+    """A state-topic reader whose broker answers or not (``self.up``); ``loads`` counts the
+    full reads (``catch_up``) it was asked for."""
+
+    def __init__(self, raw):
+        self.latest, self.offsets = dict(raw), {k: i for i, k in enumerate(raw)}
+        self.up = threading.Event()
+        self.loads = 0
+
+    def _answer(self):
+        if not self.up.is_set():
+            from kafka.errors import KafkaTimeoutError
+
+            raise KafkaTimeoutError("no answer from 127.0.0.1:9")
+
+    def catch_up(self, timeout_s):
+        self._answer()
+        self.loads += 1
+
+    def poll(self, timeout_ms=200):
+        time.sleep(timeout_ms / 1000)
+        return 0
+
+    def probe(self, timeout_s):
+        self._answer()
+        return {}
+
+    def close(self):
+        pass
+
+
+def _wait(fn, want, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while (got := fn())[0] != want:
+        assert time.monotonic() < deadline, f"still {got}"
+        time.sleep(0.02)
+    return got[1]
+
+
+def test_liveness_and_readiness_follow_the_broker(runtime, checkpoints):
+    raw, _ = checkpoints
+    reader = _StubReader(raw)
+    store = EstimateStore(runtime, reader, refresh_interval_s=0.05, stale_after_s=0.5)
+    srv = _Server(build_app(store))
+    try:
+        # broker down from the start: alive (degraded), not ready — nothing was read yet
+        store.start()
+        body = _wait(lambda: ps.get_json(srv.port, "/readyz"), 503)
+        assert body["status"] == "not_ready" and "not been read to its end" in body["reason"]
+        _wait(lambda: (store.health()[1]["status"], None), "degraded")
+        status, health = ps.get_json(srv.port, "/healthz")
+        assert status == 200 and health["status"] == "degraded"
+        assert "KafkaTimeoutError" in health["last_error"]
+        # the broker answers: the topic is read once, estimates appear, ready and ok
+        reader.up.set()
+        body = _wait(lambda: ps.get_json(srv.port, "/readyz"), 200)
+        assert body["status"] == "ready" and body["partitions"] == [0, 1]
+        assert _wait(lambda: ps.get_json(srv.port, "/healthz"), 200)["status"] in ("ok", "degraded")
+        _wait(lambda: (store.health()[1]["status"], None), "ok")
+        assert ps.get_json(srv.port, "/estimates")[1]["reports"] == 320
+        assert reader.loads == 1
+        contact = ps.metric_value(ps.scrape(srv.port), "ldp_state_topic_last_contact_timestamp_seconds")
+        assert abs(contact - store.last_contact) < 1e-3 and time.time() - contact < 5
+        # the broker stops answering: still ready within stale_after_s, then not ready; the last
+        # good estimates stay served and liveness stays 200 (a restart would not help)
+        reader.up.clear()
+        t_down = time.time()
+        body = _wait(lambda: ps.get_json(srv.port, "/readyz"), 503)
+        assert time.time() - store.last_contact > store.stale_after_s
+        assert time.time() - t_down >= store.stale_after_s - 0.1  # not before stale_after_s
+        assert "no answer from the broker" in body["reason"] and body["last_error"]
+        assert ps.get_json(srv.port, "/healthz")[0] == 200
+        assert ps.get_json(srv.port, "/estimates")[1]["reports"] == 320
+        # back: ready again without re-reading the whole topic
+        reader.up.set()
+        _wait(lambda: ps.get_json(srv.port, "/readyz"), 200)
+        assert reader.loads == 1
+    finally:
+        srv.close()
+        store.stop()
+
+
+def test_liveness_fails_when_the_refresh_thread_died(runtime):
+    store = EstimateStore(runtime, _StubReader({}))
+    assert store.health()[0] == 200 and store.readiness()[0] == 503  # not started: nothing read
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    store._thread = dead  # what a crashed refresh loop leaves behind
+    code, body = store.health()
+    assert code == 503 and body["status"] == "failed" and "thread stopped" in body["error"]
+    code, body = store.readiness()
+    assert code == 503 and body["reason"] == body["error"]
+
+
+def test_stale_after_must_exceed_refresh_interval(runtime):
+    from aggregator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"stale_after_s must be > refresh_interval_s \(5\.0\), got 5"):
+        EstimateStore(runtime, refresh_interval_s=5.0, stale_after_s=5)
