@@ -203,70 +203,85 @@ def _uniform(seed, j):  # pragma: no cover - compiled
 
 
 @jit(nogil=True)
-def _normal(seed, j, r, x, fx):  # pragma: no cover - compiled
-    """A standard normal from outputs ``j, j+1, …``; returns ``(value, next j)``.
+def _normal_tail(seed, jj, r):  # pragma: no cover - compiled
+    """The base layer's tail ``r + a`` of :func:`_sl_rows`' normal ziggurat, from outputs
+    ``jj[0], jj[0]+1, …`` (``jj[0]`` advanced past them): ``a = −log(u₁)/r``, ``b = −log(u₂)``,
+    accepted when ``2b > a²`` (Marsaglia 1964), else retried with the next two outputs."""
+    j = jj[0]
+    while True:
+        a = -np.log(_uniform(seed, j)) / r
+        b = -np.log(_uniform(seed, j + 1))
+        j += 2
+        if b + b > a * a:
+            jj[0] = j
+            return r + a
 
-    Ziggurat: output ``z`` picks layer ``i = z & 255``, sign bit 8 and ``u = (z >> 11)·2⁻⁵³``;
-    ``v = u·x_i`` is accepted when ``v < x_{i+1}``; otherwise layer ``i ≥ 1`` accepts when a
-    uniform height in ``[f(x_i), f(x_{i+1})]`` (one more output) lies below ``exp(−v²/2)``, and the
-    base layer draws the tail ``r + a``: ``a = −log(u₁)/r``, ``b = −log(u₂)``, accepted when
-    ``2b > a²``. A rejection starts over with the next output.
+
+@jit(nogil=True)
+def _sl_rows(seeds, counts, out, w_out, with_w, nr, nx, nf, er, ex, ef):  # pragma: no cover - compiled
+    """Rows of :func:`sl_draws` (``with_w``: ``W`` first, written to ``w_out`` when it has a
+    slot per row; else ``W = 1``).
+
+    Both samplers are 256-layer ziggurats written inline: output ``z`` picks layer
+    ``i = z & 255`` and ``u = (z >> 11)·2⁻⁵³``; ``v = u·x_i`` is accepted when ``v < x_{i+1}``;
+    otherwise layer ``i ≥ 1`` accepts when a uniform height in ``[f(x_i), f(x_{i+1})]`` (one
+    more output) lies below ``f(v)``, and the base layer draws the tail (exponential:
+    ``r − log u``, one output; normal: :func:`_normal_tail`). A rejection starts over with the
+    next output. The normal takes its sign from bit 8 of ``z`` (branch-free). (Written as one
+    flat loop: a sampler function returning ``(value, next output)`` from inside its rejection
+    loop compiled ≈ 3× slower.)
     """
-    while True:
-        z = _mix(seed, j)
-        j += 1
-        i = np.int64(z & np.uint64(255))
-        sign = 1.0 - 2.0 * float(np.int64((z >> np.uint64(8)) & np.uint64(1)))  # branch-free
-        v = float(np.int64(z >> np.uint64(11))) * 1.1102230246251565e-16 * x[i]
-        if v < x[i + 1]:
-            return sign * v, j
-        if i == 0:
-            while True:
-                a = -np.log(_uniform(seed, j)) / r
-                b = -np.log(_uniform(seed, j + 1))
-                j += 2
-                if b + b > a * a:
-                    return sign * (r + a), j
-        y = fx[i] + _uniform(seed, j) * (fx[i + 1] - fx[i])
-        j += 1
-        if y < np.exp(-0.5 * v * v):
-            return sign * v, j
-
-
-@jit(nogil=True)
-def _exponential(seed, j, r, x, fx):  # pragma: no cover - compiled
-    """A standard exponential from outputs ``j, j+1, …``; returns ``(value, next j)``: the
-    ziggurat of :func:`_normal` for ``f = exp(−x)`` (no sign bit) with tail ``r − log u``."""
-    while True:
-        z = _mix(seed, j)
-        j += 1
-        i = np.int64(z & np.uint64(255))
-        v = float(np.int64(z >> np.uint64(11))) * 1.1102230246251565e-16 * x[i]
-        if v < x[i + 1]:
-            return v, j
-        if i == 0:
-            v = r - np.log(_uniform(seed, j))
-            return v, j + 1
-        y = fx[i] + _uniform(seed, j) * (fx[i + 1] - fx[i])
-        j += 1
-        if y < np.exp(-v):
-            return v, j
-
-
-@jit(nogil=True)
-def _sl_rows(seeds, counts, out, nr, nx, nf, er, ex, ef):  # pragma: no cover - compiled
     d = out.shape[1]
+    keep_w = w_out.shape[0] > 0
+    jj = np.ones(1, np.int64)
     row = 0
     for k in range(seeds.shape[0]):
         seed = seeds[k]
         j = 1
         for _ in range(counts[k]):
-            w, j = _exponential(seed, j, er, ex, ef)
-            sw = np.sqrt(w)
-            for c in range(d):
-                g, j = _normal(seed, j, nr, nx, nf)
-                out[row, c] = sw * g
+            sw = 1.0
+            if with_w:
+                while True:  # W ~ Exp(1)
+                    z = _mix(seed, j)
+                    j += 1
+                    i = np.int64(z & np.uint64(255))
+                    w = float(np.int64(z >> np.uint64(11))) * 1.1102230246251565e-16 * ex[i]
+                    if w < ex[i + 1]:
+                        break
+                    if i == 0:
+                        w = er - np.log(_uniform(seed, j))
+                        j += 1
+                        break
+                    y = ef[i] + _uniform(seed, j) * (ef[i + 1] - ef[i])
+                    j += 1
+                    if y < np.exp(-w):
+                        break
+                if keep_w:
+                    w_out[row] = w
+                sw = np.sqrt(w)
+            c = 0
+            while c < d:  # G_c ~ N(0, 1)
+                z = _mix(seed, j)
+                j += 1
+                i = np.int64(z & np.uint64(255))
+                sign = 1.0 - 2.0 * float(np.int64((z >> np.uint64(8)) & np.uint64(1)))
+                v = float(np.int64(z >> np.uint64(11))) * 1.1102230246251565e-16 * nx[i]
+                if v >= nx[i + 1]:
+                    if i == 0:
+                        jj[0] = j
+                        v = _normal_tail(seed, jj, nr)
+                        j = jj[0]
+                    else:
+                        y = nf[i] + _uniform(seed, j) * (nf[i + 1] - nf[i])
+                        j += 1
+                        if y >= np.exp(-0.5 * v * v):
+                            continue
+                out[row, c] = sw * (sign * v)
+                c += 1
             row += 1
+
+
+_NO_W = np.empty(0)
 
 
 def sl_draws(seeds, counts, out) -> None:
@@ -274,38 +289,26 @@ def sl_draws(seeds, counts, out) -> None:
 
     The ``counts[r]`` rows of record ``r`` use SplitMix64 seeded with ``seeds[r]`` (uint64),
     outputs ``1, 2, …`` consumed in order: per row ``W ~ Exp(1)`` then ``G₁ … G_d ~ N(0, 1)``,
-    each by a 256-layer ziggurat (:func:`_exponential`, :func:`_normal`; tables from
-    :func:`_ziggurat`). Compiled, without the GIL.
+    each by a 256-layer ziggurat (:func:`_sl_rows`; tables from :func:`_ziggurat`). Compiled,
+    without the GIL.
     """
-    _sl_rows(seeds, counts, out, _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
-
-
-@jit(nogil=True)
-def _fill_normal(seed, out, r, x, fx):  # pragma: no cover - compiled
-    j = 1
-    for i in range(out.shape[0]):
-        out[i], j = _normal(seed, j, r, x, fx)
-
-
-@jit(nogil=True)
-def _fill_exponential(seed, out, r, x, fx):  # pragma: no cover - compiled
-    j = 1
-    for i in range(out.shape[0]):
-        out[i], j = _exponential(seed, j, r, x, fx)
+    _sl_rows(seeds, counts, out, _NO_W, True, _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
 
 
 def normal_draws(seed: int, n: int) -> np.ndarray:
     """``n`` standard normals from one SplitMix64 stream (the sampler of :func:`sl_draws`; for tests)."""
-    out = np.empty(n)
-    _fill_normal(np.uint64(seed), out, _ZN_R, _ZN_X, _ZN_F)
-    return out
+    out = np.empty((1, n))
+    _sl_rows(np.array([seed], np.uint64), np.ones(1, np.int64), out, _NO_W, False,
+             _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
+    return out[0]
 
 
 def exponential_draws(seed: int, n: int) -> np.ndarray:
     """``n`` standard exponentials from one SplitMix64 stream (as :func:`normal_draws`)."""
-    out = np.empty(n)
-    _fill_exponential(np.uint64(seed), out, _ZE_R, _ZE_X, _ZE_F)
-    return out
+    w = np.empty(n)
+    _sl_rows(np.array([seed], np.uint64), np.array([n], np.int64), np.empty((n, 0)), w, True,
+             _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
+    return w
 
 
 def warm() -> None:
