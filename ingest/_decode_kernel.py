@@ -35,6 +35,8 @@ _VERSION = codec.FORMAT_VERSION
 _CODES, _SPARSE, _BITMAP = codec.KIND_CODES, codec.KIND_SPARSE, codec.KIND_BITMAP
 _MAGIC = np.frombuffer(codec.MAGIC, dtype=np.uint8)
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+#: Slots after each uRAP field's positions in ``fill``'s output: a bitmap byte writes all 8.
+_SLACK = 8
 #: Positions of the set bits of each byte value (LSB first), padded with 0.
 _BITPOS = np.array([[b for b in range(8) if v >> b & 1] + [0] * (8 - bin(v).count("1"))
                     for v in range(256)], dtype=np.int64)
@@ -140,16 +142,20 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
 
 @jit(nogil=True)
 def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-         popcount, bitpos):  # pragma: no cover - compiled
+         popcount, bitpos, max_positions):  # pragma: no cover - compiled
     """Value checks and the columns of records that passed :func:`scan` (all of them).
 
     ``numeric (N, d)``, ``codes (n_codes_fields, N)`` int32, ``offsets (n_urap_fields, N + 1)``
-    int64 and ``indices`` int32 (field ``s``'s positions from ``ibase[s]``) are written in place;
-    ``slot[j]`` is field ``j``'s row in ``codes`` or ``offsets``. Stops at the first refused
-    record and returns 1; returns 0 when every record passes.
+    int64 and ``indices`` int32 (field ``s``'s positions from ``ibase[s]``, followed by 8 slots
+    of slack that bitmap blocks may scribble on) are written in place; ``slot[j]`` is field
+    ``j``'s row in ``codes`` or ``offsets``; ``max_positions`` bounds the positions of one sparse
+    block. Stops at the first refused record and returns 1; returns 0 when every record passes.
     """
     nurap = offsets.shape[0]
     cur = np.zeros(nurap, np.int64)  # positions written so far, per uRAP field
+    # mark[t] == stamp: a report of the current sparse block starts at its position t
+    mark = np.zeros(max_positions + 1, np.int64)
+    stamp = np.int64(1)
     for s in range(nurap):
         offsets[s, 0] = 0
     row0 = 0
@@ -179,38 +185,45 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
                     codes[s, row0 + i] = v
                 continue
             base = ibase[s]
+            c = cur[s]
             if kind == _SPARSE:
-                q = p + n * lw  # first position
-                end = p + lay[r, j, 4]
-                c = cur[s]
+                # lengths first (offsets), then every position of the record in one flat loop:
+                # no loop whose trip count is a report's length (its exit mispredicts per report)
+                q0 = p + n * lw  # first position
+                m = (lay[r, j, 4] - n * lw) // w  # positions in the record (scan: divisible)
+                tot = 0
                 for i in range(n):
                     length = _uint(buf, p + i * lw, lw)
-                    if length > k or q + length * w > end:
+                    if length > k:
                         ok = False
-                        break
-                    prev = np.int64(-1)
-                    for _ in range(length):
-                        v = _uint(buf, q, w)
-                        q += w
-                        if v >= k or v <= prev:
-                            ok = False
-                        prev = v
-                        indices[base + c] = v
-                        c += 1
-                    offsets[s, row0 + i + 1] = c
-                cur[s] = c
-                if q != end:
+                    if tot <= m:  # (a lying length may overshoot: refused below)
+                        mark[tot] = stamp  # position tot starts a report: no order check there
+                    tot += length
+                    offsets[s, row0 + i + 1] = c + tot
+                if not ok or tot != m:
                     ok = False
+                    break
+                prev = np.int64(-1)
+                for t in range(m):
+                    v = _uint(buf, q0 + t * w, w)
+                    # v < k, and strictly above the previous position unless a report starts here
+                    ok &= (v < k) & ((v > prev) | (mark[t] == stamp))
+                    prev = v
+                    indices[base + c + t] = v
+                stamp += 1
+                cur[s] = c + m
             else:
                 rb = (k + 7) // 8
-                c = cur[s]
                 for i in range(n):
                     q = p + i * rb
                     for b in range(rb):
                         v = buf[q + b]
-                        for t in range(popcount[v]):
-                            indices[base + c] = 8 * b + bitpos[v, t]
-                            c += 1
+                        # all 8 slots written (the set bits' positions, then padding that the
+                        # next byte overwrites; the field has 8 slots of slack): a fixed trip
+                        # count instead of one that mispredicts per byte
+                        for t in range(8):
+                            indices[base + c + t] = 8 * b + bitpos[v, t]
+                        c += popcount[v]
                     offsets[s, row0 + i + 1] = c
                     if rb * 8 > k and buf[q + rb - 1] >> (k - 8 * (rb - 1)):
                         ok = False  # a padding bit (position >= k) is set
@@ -265,13 +278,14 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     slot[~is_codes] = np.arange(int((~is_codes).sum()))
     per_field = nnz[:, ~is_codes].sum(axis=0)
     ibase = np.zeros(per_field.size, dtype=np.int64)
-    np.cumsum(per_field[:-1], out=ibase[1:])
+    np.cumsum(per_field[:-1] + _SLACK, out=ibase[1:])
     numeric = np.empty((n_total, d), dtype=np.float64)
     codes = np.empty((int(is_codes.sum()), n_total), dtype=np.int32)
     offsets = np.empty((per_field.size, n_total + 1), dtype=np.int64)
-    indices = np.empty(int(per_field.sum()), dtype=np.int32)
+    indices = np.empty(int(per_field.sum()) + _SLACK * per_field.size, dtype=np.int32)
+    max_positions = int(nnz.max(initial=0))
     if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-            _POPCOUNT, _BITPOS):
+            _POPCOUNT, _BITPOS, max_positions):
         return None
     columns = []
     for j in range(ncat):
@@ -291,4 +305,4 @@ def warm() -> None:
     lay = np.zeros((0, 1, 5), np.int64)
     scan(buf, z, _MAGIC, _MAGIC, 0, b, z, 1, 1, _POPCOUNT, z[:0], lay, np.zeros((0, 1), np.int64))
     fill(buf, z, z[:0], lay, 0, b, z, z, np.zeros((0, 0)), np.zeros((1, 0), np.int32),
-         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), _POPCOUNT, _BITPOS)
+         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), _POPCOUNT, _BITPOS, 0)
