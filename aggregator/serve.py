@@ -103,8 +103,9 @@ class EstimateStore:
     metrics : ServeMetrics or None
         Gauges to update; ``None`` creates one with a private registry.
     refresh_interval_s : float
-        Seconds between recomputations of the merged estimates (> 0); each one also asks the
-        broker for the state topic's end offsets (:meth:`StateTopicReader.probe`).
+        Seconds between recomputations of the merged estimates (> 0). A poll that returns state
+        records shows the broker answers; after ``stale_after_s / 3`` without any, a refresh asks
+        the broker for the state topic's end offsets (:meth:`StateTopicReader.probe`).
     stale_after_s : float
         :meth:`readiness` fails once the broker has not answered for this many seconds
         (> ``refresh_interval_s``).
@@ -225,12 +226,16 @@ class EstimateStore:
                     self._contact(loaded=True)
                     self.last_error = None
                     next_compute = time.monotonic() + self.refresh_interval_s
-                self.reader.poll(timeout_ms=200)
+                if self.reader.poll(timeout_ms=200):
+                    self._contact()  # records arrived: the broker answers
                 if time.monotonic() >= next_compute:
-                    self.reader.probe(timeout_s=min(10.0, self.stale_after_s))
-                    self._contact()
                     self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
                     next_compute = time.monotonic() + self.refresh_interval_s
+                    if time.time() - (self.last_contact or 0.0) >= self.stale_after_s / 3:
+                        # nothing arrived lately: ask the broker (a ListOffsets request queues
+                        # behind the reader's long-poll fetch, so it is not sent on every refresh)
+                        self.reader.probe(timeout_s=min(10.0, self.stale_after_s))
+                        self._contact()
                     self.last_error = None
             except Exception as exc:  # keep serving the last good estimates
                 self.last_error = f"{type(exc).__name__}: {exc}"
