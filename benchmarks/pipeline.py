@@ -13,7 +13,10 @@ only the Kafka addresses, topics, group and checkpoint cadence changed):
   record (``benchmarks/produce.py``).
 * **consume**: one worker process (decode, doubling, 7 query states, checkpoints) vs a raw
   kafka-python consumer process reading the same pre-produced records without decoding.
-  Rates are measured from the first to the last processed record (group join excluded).
+  Rates are measured from the first to the last processed record (group join excluded);
+  5 alternating passes each (best, medians, median of the paired ratios); per pass the CPU time
+  of each thread (kafka-python's I/O thread, main, update), of decode and doubling, of the
+  checkpoints, and of the broker process.
 * **e2e**: producer and consumer running at the same time: ``ReportProducer`` → broker → worker
   process, against raw ``KafkaProducer`` → broker → raw consumer process (the ceiling);
   rate = reports / (last report processed − first send).
@@ -59,6 +62,8 @@ SCHEMA = ROOT / "examples" / "flights.schema.toml"
 #: (reports per record, records) of the consume sections: ≥ 1 s of the raw loop each, so that
 #: start-up (first fetch, threads) does not set the rate.
 CONSUME_PLAN = [(1, 200_000), (100, 20_000), (1000, 4000)]
+#: Alternating raw / worker passes per consume case (``--quick``: 2).
+CONSUME_REPEATS = 5
 
 
 def write_pipeline(
@@ -207,6 +212,23 @@ def _status_kb(key: str) -> int:
 # --------------------------------------------------------------------------------------------------
 # helper processes
 # --------------------------------------------------------------------------------------------------
+def _thread_cpu_s() -> dict:
+    """CPU seconds (user + system) of each Python thread of this process so far, by thread name
+    without its trailing counter (``/proc/self/task/<native id>/stat``; threads of one name are
+    summed; threads outside Python, e.g. numba's, are under ``"other"``)."""
+    out: dict = {}
+    tck = os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: re.sub(r"[-_]?\d+$", "", t.name) for t in threading.enumerate()}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(task.name), "other")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tck
+    return out
+
+
 def worker_process(ns) -> int:
     """Body of ``python -m benchmarks.pipeline _worker``: one Worker with timing, RSS marks, gate."""
     from aggregator.metrics import WorkerMetrics
@@ -231,6 +253,55 @@ def worker_process(ns) -> int:
         upd["main_wait_s"] += time.perf_counter() - t0
 
     w._apply, w._wait_one = apply, wait_one
+    # each query state's update on the update thread: wall and thread CPU (wall − CPU = waiting)
+    per_query: dict = {}
+
+    def timed(name, inner):
+        def update(*a):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            inner(*a)
+            q = per_query.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
+            q["wall_s"] += time.perf_counter() - t0
+            q["cpu_s"] += time.thread_time() - c0
+        return update
+
+    # decode and doubling on the main thread: wall and thread CPU
+    main_steps: dict = {}
+
+    def timed_main(name, inner):
+        def step(*a):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            out = inner(*a)
+            q = main_steps.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
+            q["wall_s"] += time.perf_counter() - t0
+            q["cpu_s"] += time.thread_time() - c0
+            return out
+        return step
+
+    w.runtime.decode_many = timed_main("decode", w.runtime.decode_many)
+    w.runtime.double_many = timed_main("doubling", w.runtime.double_many)
+    w._fold_contiguous = timed_main("fold", w._fold_contiguous)
+    inner_new_states = w.runtime.new_states
+
+    def new_states():
+        states = inner_new_states()
+        for name, st in states.items():
+            st.update = timed(name, st.update)
+        return states
+
+    w.runtime.new_states = new_states
+    # checkpoints (drain + publish + commit) on the main thread
+    ckpt = {"checkpoints": 0, "wall_s": 0.0}
+    inner_ckpt = w.checkpoint
+
+    def checkpoint(*a, **k):
+        t0 = time.perf_counter()
+        out = inner_ckpt(*a, **k)
+        ckpt["wall_s"] += time.perf_counter() - t0
+        ckpt["checkpoints"] += 1
+        return out
+
+    w.checkpoint = checkpoint
     go, ready = Path(ns.go) if ns.go else None, Path(ns.ready) if ns.ready else None
     info = {"first": None, "last": None, "rss_kb": {}, "partitions": set()}
     marks = sorted(int(x) for x in ns.rss_marks.split(",")) if ns.rss_marks else []
@@ -241,6 +312,7 @@ def worker_process(ns) -> int:
             info["first"], info["cpu_first"] = time.time(), time.process_time()
         out = inner_process(partition, records)
         info["last"], info["cpu_last"] = time.time(), time.process_time()
+        info["threads_last"] = _thread_cpu_s()
         info["partitions"].add(partition)
         while marks and w.processed_reports + out >= marks[0]:
             info["rss_kb"][marks.pop(0)] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
@@ -252,6 +324,7 @@ def worker_process(ns) -> int:
             if w.owned and info["first"] is None:
                 # partitions restored and resumed: fetching starts now
                 info["first"], info["cpu_first"] = time.time(), time.process_time()
+                info["threads_first"] = _thread_cpu_s()
             if go is None and ready is not None and w.owned and not ready.exists():
                 ready.write_text("1")  # joined the group and owns its partitions
         elif ready is not None and len(w._pending) == ns.expect and not ready.exists():
@@ -279,8 +352,12 @@ def worker_process(ns) -> int:
         pstats.Stats(prof, stream=s2).sort_stats("cumulative").print_stats(40)
         Path(ns.profile).write_text(s.getvalue() + "\n\n==== cumulative ====\n" + s2.getvalue())
     info["rss_kb"]["end"] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
+    t0, t1 = info.pop("threads_first", {}), info.pop("threads_last", {})
+    info["thread_cpu_s"] = {k: round(v - t0.get(k, 0.0), 3) for k, v in t1.items()}
     info["reports"] = w.processed_reports
-    info["update_thread"] = upd
+    info["update_thread"] = {**upd, "per_query": per_query}
+    info["main_thread"] = main_steps
+    info["checkpoint"] = ckpt
     info["records"] = w.processed_records
     info["partitions"] = sorted(info["partitions"])
     Path(ns.out).write_text(json.dumps(info))
@@ -309,12 +386,12 @@ def raw_consumer_process(ns) -> int:
     Path(ns.ready).write_text("1")
     got, n_bytes = 0, 0
     # like the worker's start: partitions ready, first fetch not yet done
-    first, cpu_first = time.time(), time.process_time()
+    first, cpu_first, threads_first = time.time(), time.process_time(), _thread_cpu_s()
     while got < ns.records:
         for recs in c.poll(timeout_ms=500).values():
             got += len(recs)
             n_bytes += sum(len(r.value) for r in recs)
-    last, cpu_last = time.time(), time.process_time()
+    last, cpu_last, threads_last = time.time(), time.process_time(), _thread_cpu_s()
     c.close()
     Path(ns.out).write_text(
         json.dumps(
@@ -325,6 +402,7 @@ def raw_consumer_process(ns) -> int:
                 "cpu_last": cpu_last,
                 "records": got,
                 "bytes": n_bytes,
+                "thread_cpu_s": {k: round(v - threads_first.get(k, 0.0), 3) for k, v in threads_last.items()},
             }
         )
     )
@@ -414,9 +492,11 @@ def section_consume(
     broker_pid: int | None = None,
 ) -> tuple[list[dict], str | None]:
     """Per record size: produce once, then ``repeats`` alternating passes of the raw consumer and
-    of a worker (each in a fresh group) over the same topic; the best pass of each is reported
-    (the 2 cores are shared with the broker, so single passes vary by ±25 %). The broker's CPU
-    time during each pass (process start to exit) is recorded too."""
+    of a worker (each in a fresh group) over the same topic. Reported: the best pass of each
+    (``worker_vs_raw`` = best / best), the medians, and the median of the paired ratios (worker
+    pass i / raw pass i, run back to back: the machine's slow and fast phases — single passes
+    vary by ±25 % on 2 cores shared with the broker — cancel in a pair). The broker's CPU time
+    during each pass (process start to exit) is recorded too."""
     from aggregator.worker import ensure_topics
 
     rows, prof_text = [], None
@@ -447,6 +527,8 @@ def section_consume(
                 prof_text = pf["prof"].read_text()
         raw_rate = n_records * m / (raw["last"] - raw["first"])
         w_rate = wk["reports"] / (wk["last"] - wk["first"])
+        raw_all = [n_records * m / (r["last"] - r["first"]) for r in raws]
+        wk_all = [w["reports"] / (w["last"] - w["first"]) for w in wks]
         cpu = {
             "raw_reports_per_cpu_s": n_records * m / max(1e-9, raw["cpu_last"] - raw["cpu_first"]),
             "worker_reports_per_cpu_s": wk["reports"] / max(1e-9, wk["cpu_last"] - wk["cpu_first"]),
@@ -470,13 +552,21 @@ def section_consume(
                 "worker_cpu_s": wk["cpu_last"] - wk["cpu_first"],
                 "worker_wall_s": wk["last"] - wk["first"],
                 "update_thread": wk.get("update_thread"),
-                "raw_reports_per_s_all": [n_records * m / (r["last"] - r["first"]) for r in raws],
-                "worker_reports_per_s_all": [w["reports"] / (w["last"] - w["first"]) for w in wks],
+                "checkpoint": wk.get("checkpoint"),
+                "main_thread": wk.get("main_thread"),
+                "thread_cpu_s": {"raw": raw.get("thread_cpu_s"), "worker": wk.get("thread_cpu_s")},
+                "raw_reports_per_s_all": raw_all,
+                "worker_reports_per_s_all": wk_all,
+                "worker_vs_raw_medians": float(np.median(wk_all) / np.median(raw_all)),
+                "worker_vs_raw_paired": [w / r for w, r in zip(wk_all, raw_all)],
+                "worker_vs_raw_paired_median": float(np.median([w / r for w, r in zip(wk_all, raw_all)])),
                 **cpu,
             }
         )
         print(
-            f"  consume m={m}: raw {raw_rate:,.0f}/s worker {w_rate:,.0f}/s ({w_rate / raw_rate:.0%}); "
+            f"  consume m={m}: raw {raw_rate:,.0f}/s worker {w_rate:,.0f}/s ({w_rate / raw_rate:.0%}; "
+            f"medians {rows[-1]['worker_vs_raw_medians']:.0%}, paired median "
+            f"{rows[-1]['worker_vs_raw_paired_median']:.0%}); "
             f"worker {cpu['worker_reports_per_cpu_s']:,.0f} reports/CPU-s "
             f"(passes: raw {[round(x) for x in rows[-1]['raw_reports_per_s_all']]}, "
             f"worker {[round(x) for x in rows[-1]['worker_reports_per_s_all']]})",
@@ -916,7 +1006,7 @@ def main(argv=None) -> int:
             print("consume", flush=True)
             plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
             results["consume"], prof = section_consume(tmp, boot, pool, plan, None if q else args.profile_m,
-                                                       broker_pid=b.pid)
+                                                       repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid)
             if prof:
                 results["profile_top"] = prof
         if "consume_no_sgd" in sections:
@@ -924,7 +1014,7 @@ def main(argv=None) -> int:
             plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
             results["consume_no_sgd"], _ = section_consume(
                 tmp, boot, pool, plan, None, drop_kinds=("logistic_regression", "quantile_regression"),
-                broker_pid=b.pid,
+                repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid,
             )
         if "e2e" in sections:
             print("e2e", flush=True)
@@ -996,6 +1086,8 @@ def print_tables(r: dict) -> None:
                     "raw MB/s",
                     "worker /s",
                     "worker/raw",
+                    "medians",
+                    "paired median",
                     "worker /CPU-s",
                 ],
                 [
@@ -1007,6 +1099,8 @@ def print_tables(r: dict) -> None:
                         x["raw_MB_per_s"],
                         x["worker_reports_per_s"],
                         x["worker_vs_raw"],
+                        x.get("worker_vs_raw_medians", float("nan")),
+                        x.get("worker_vs_raw_paired_median", float("nan")),
                         x.get("worker_reports_per_cpu_s", float("nan")),
                     )
                     for x in r["consume"]
@@ -1014,10 +1108,42 @@ def print_tables(r: dict) -> None:
                 "consume (reports/s)",
             )
         )
+    if r.get("consume") and r["consume"][0].get("thread_cpu_s"):
+        def cpu(x, who, *names):
+            threads = (x["thread_cpu_s"] or {}).get(who) or {}
+            return sum(v for k, v in threads.items() if k.startswith(names))
+
+        print(
+            table(
+                ["reports/record", "raw wall s", "raw main", "raw kafka-io", "broker (raw)",
+                 "worker wall s", "worker main", "of it decode+doubling", "worker kafka-io", "ldp-update",
+                 "checkpoints s", "broker (worker)"],
+                [
+                    (
+                        x["reports_per_record"],
+                        x["raw_wall_s"],
+                        cpu(x, "raw", "MainThread"),
+                        cpu(x, "raw", "kafka-io"),
+                        x["broker_cpu_s_raw_pass"],
+                        x["worker_wall_s"],
+                        cpu(x, "worker", "MainThread"),
+                        sum((x.get("main_thread") or {}).get(k, {}).get("cpu_s", 0.0)
+                            for k in ("decode", "doubling")),
+                        cpu(x, "worker", "kafka-io"),
+                        cpu(x, "worker", "ldp-update"),
+                        (x.get("checkpoint") or {}).get("wall_s", float("nan")),
+                        x["broker_cpu_s_worker_pass"],
+                    )
+                    for x in r["consume"]
+                ],
+                "consume: wall seconds and CPU seconds per thread (best passes)",
+            )
+        )
     if r.get("consume_no_sgd"):
         print(
             table(
-                ["reports/record", "reports", "raw consume /s", "worker /s", "worker/raw", "worker /CPU-s"],
+                ["reports/record", "reports", "raw consume /s", "worker /s", "worker/raw", "medians",
+                 "paired median", "worker /CPU-s"],
                 [
                     (
                         x["reports_per_record"],
@@ -1025,6 +1151,8 @@ def print_tables(r: dict) -> None:
                         x["raw_reports_per_s"],
                         x["worker_reports_per_s"],
                         x["worker_vs_raw"],
+                        x.get("worker_vs_raw_medians", float("nan")),
+                        x.get("worker_vs_raw_paired_median", float("nan")),
                         x.get("worker_reports_per_cpu_s", float("nan")),
                     )
                     for x in r["consume_no_sgd"]
