@@ -94,6 +94,7 @@ def _phi(zt, y, v, coef, code, tau, eta, g, h):
     else:
         for i in range(n):
             g[i] = coef * ((1.0 if y[i] < eta[i] else 0.0) - tau)
+            h[i] = 0.0  # kinked: no analytic φ_ηη (the ladder smooths the kink instead)
 
 
 @jit(nogil=True, error_model="numpy", fastmath=_SUMS)
