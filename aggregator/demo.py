@@ -320,7 +320,8 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         _print_summary(console, report, out)
         if opts.keep_running:
             console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · privacy "
-                          f"{serve_url}/privacy · serve metrics {serve_url}/metrics · worker metrics "
+                          f"{serve_url}/privacy · health {serve_url}/healthz, {serve_url}/readyz · "
+                          f"serve metrics {serve_url}/metrics · worker metrics "
                           + " ".join(w.url for w in workers)
                           + f" · broker {broker.bootstrap_servers}. Ctrl-C to stop.")
             while True:

@@ -238,7 +238,9 @@ class EstimateStore:
                         self._contact()
                     self.last_error = None
             except Exception as exc:  # keep serving the last good estimates
-                self.last_error = f"{type(exc).__name__}: {exc}"
+                text = str(exc)  # kafka-python's errors start with their class name already
+                name = type(exc).__name__
+                self.last_error = text if text.startswith(name) else f"{name}: {text}"
                 log.warning("state-topic refresh failed: %s", self.last_error)
                 self._stop.wait(1.0)
 
