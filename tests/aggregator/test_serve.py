@@ -159,14 +159,6 @@ class _StubReader:
         pass
 
 
-def _wait(fn, want, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while (got := fn())[0] != want:
-        assert time.monotonic() < deadline, f"still {got}"
-        time.sleep(0.02)
-    return got[1]
-
-
 def test_liveness_and_readiness_follow_the_broker(runtime, checkpoints):
     raw, _ = checkpoints
     reader = _StubReader(raw)
@@ -175,18 +167,18 @@ def test_liveness_and_readiness_follow_the_broker(runtime, checkpoints):
     try:
         # broker down from the start: alive (degraded), not ready — nothing was read yet
         store.start()
-        body = _wait(lambda: ps.get_json(srv.port, "/readyz"), 503)
+        body = ps.until(lambda: ps.get_json(srv.port, "/readyz"), 503)
         assert body["status"] == "not_ready" and "not been read to its end" in body["reason"]
-        _wait(lambda: (store.health()[1]["status"], None), "degraded")
+        ps.until(lambda: (store.health()[1]["status"], None), "degraded")
         status, health = ps.get_json(srv.port, "/healthz")
         assert status == 200 and health["status"] == "degraded"
         assert health["last_error"] == "KafkaTimeoutError: no answer from 127.0.0.1:9"  # type named once
         # the broker answers: the topic is read once, estimates appear, ready and ok
         reader.up.set()
-        body = _wait(lambda: ps.get_json(srv.port, "/readyz"), 200)
+        body = ps.until(lambda: ps.get_json(srv.port, "/readyz"), 200)
         assert body["status"] == "ready" and body["partitions"] == [0, 1]
-        assert _wait(lambda: ps.get_json(srv.port, "/healthz"), 200)["status"] in ("ok", "degraded")
-        _wait(lambda: (store.health()[1]["status"], None), "ok")
+        assert ps.until(lambda: ps.get_json(srv.port, "/healthz"), 200)["status"] in ("ok", "degraded")
+        ps.until(lambda: (store.health()[1]["status"], None), "ok")
         assert ps.get_json(srv.port, "/estimates")[1]["reports"] == 320
         assert reader.loads == 1
         contact = ps.metric_value(ps.scrape(srv.port), "ldp_state_topic_last_contact_timestamp_seconds")
@@ -195,7 +187,7 @@ def test_liveness_and_readiness_follow_the_broker(runtime, checkpoints):
         # good estimates stay served and liveness stays 200 (a restart would not help)
         reader.up.clear()
         t_down = time.time()
-        body = _wait(lambda: ps.get_json(srv.port, "/readyz"), 503)
+        body = ps.until(lambda: ps.get_json(srv.port, "/readyz"), 503)
         assert time.time() - store.last_contact > store.stale_after_s
         assert time.time() - t_down >= store.stale_after_s - 0.1  # not before stale_after_s
         assert "no answer from the broker" in body["reason"] and body["last_error"]
@@ -203,7 +195,7 @@ def test_liveness_and_readiness_follow_the_broker(runtime, checkpoints):
         assert ps.get_json(srv.port, "/estimates")[1]["reports"] == 320
         # back: ready again without re-reading the whole topic
         reader.up.set()
-        _wait(lambda: ps.get_json(srv.port, "/readyz"), 200)
+        ps.until(lambda: ps.get_json(srv.port, "/readyz"), 200)
         assert reader.loads == 1
     finally:
         srv.close()

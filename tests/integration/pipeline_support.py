@@ -264,6 +264,16 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
+def until(fn, want, timeout: float = 10.0, every: float = 0.02):
+    """Call ``fn() -> (key, value)`` until ``key == want`` (an HTTP status, a status string …);
+    returns that call's ``value``. Fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (got := fn())[0] != want:
+        assert time.monotonic() < deadline, f"still {got} after {timeout} s"
+        time.sleep(every)
+    return got[1]
+
+
 def get_json(port: int, path: str, method: str = "GET") -> tuple[int, dict]:
     """HTTP request to serve; returns (status, JSON body)."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,

@@ -17,14 +17,6 @@ from tests.integration import pipeline_support as ps
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def _until(fn, want: int, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while (got := fn())[0] != want:
-        assert time.monotonic() < deadline, f"still {got} after {timeout} s"
-        time.sleep(0.05)
-    return got[1]
-
-
 def test_readiness_follows_a_frozen_broker(tmp_path, topic_name):
     from kafka import KafkaConsumer
 
@@ -37,20 +29,20 @@ def test_readiness_follows_a_frozen_broker(tmp_path, topic_name):
                                   cfg.topics.state, runtime.name)
         store = EstimateStore(runtime, reader, refresh_interval_s=0.2, stale_after_s=1.5).start()
         try:
-            body = _until(store.readiness, 200, 60)
+            body = ps.until(store.readiness, 200, 60)
             assert body["status"] == "ready" and store.health()[1]["status"] == "ok"
             broker.freeze()
             t0 = time.monotonic()
-            body = _until(store.readiness, 503, 30)
+            body = ps.until(store.readiness, 503, 30)
             assert time.monotonic() - t0 >= 1.0  # not at once: after stale_after_s without answers
             assert "no answer from the broker" in body["reason"]
             # the probe that is under way fails at its timeout: degraded, but alive
-            _until(lambda: (store.health()[1]["status"], None), "degraded", 30)
+            ps.until(lambda: (store.health()[1]["status"], None), "degraded", 30)
             code, health = store.health()
             assert code == 200 and health["last_error"]
             broker.thaw()
-            _until(store.readiness, 200, 60)
-            _until(lambda: (store.health()[1]["status"] == "ok", None), True, 30)
+            ps.until(store.readiness, 200, 60)
+            ps.until(lambda: (store.health()[1]["status"] == "ok", None), True, 30)
         finally:
             if broker.frozen:
                 broker.thaw()
