@@ -221,9 +221,7 @@ class EstimateStore:
         while not self._stop.is_set():
             try:
                 if self.loaded_at is None:  # first read the topic to its end (readiness)
-                    self.reader.catch_up(timeout_s=max(10.0, self.stale_after_s))
-                    self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
-                    self._contact(loaded=True)
+                    self.refresh(timeout_s=max(10.0, self.stale_after_s))
                     self.last_error = None
                     next_compute = time.monotonic() + self.refresh_interval_s
                 if self.reader.poll(timeout_ms=200):
