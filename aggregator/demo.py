@@ -639,7 +639,10 @@ def render_markdown(report: dict, plots: list[str]) -> str:
               "The *truth* is computed by the demo from the raw, clipped data — it never leaves the "
               "client in a real deployment and is shown only to judge the estimates.", "",
               f"CI covers the truth for **{summ['covered']} of {summ['with_truth']}** parameters "
-              f"({_fmt(100 * summ['coverage'] if summ['coverage'] is not None else None, 3)} %).", "",
+              f"({_fmt(100 * summ['coverage'] if summ['coverage'] is not None else None, 3)} %). "
+              "A 95 % interval misses about 1 time in 20. The quantile-regression intervals assume a "
+              "continuous response: on the flights' whole-minute delays the median regression's "
+              "intercept misses more often (docs/benchmarks.md, \"On the real flights data\").", "",
               "| query | param | estimate | stderr | 95 % CI | truth (non-private) | covered | n |",
               "|---|---|---|---|---|---|---|---|"]
     for r in report["estimates"]:
