@@ -253,40 +253,30 @@ def worker_process(ns) -> int:
         upd["main_wait_s"] += time.perf_counter() - t0
 
     w._apply, w._wait_one = apply, wait_one
-    # each query state's update on the update thread: wall and thread CPU (wall − CPU = waiting)
-    per_query: dict = {}
-
-    def timed(name, inner):
-        def update(*a):
-            t0, c0 = time.perf_counter(), time.thread_time()
-            inner(*a)
-            q = per_query.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
-            q["wall_s"] += time.perf_counter() - t0
-            q["cpu_s"] += time.thread_time() - c0
-        return update
-
-    # decode and doubling on the main thread: wall and thread CPU
-    main_steps: dict = {}
-
-    def timed_main(name, inner):
-        def step(*a):
+    def timed(store: dict, name: str, inner):
+        """``inner`` adding its wall and calling-thread CPU seconds to ``store[name]``."""
+        def call(*a):
             t0, c0 = time.perf_counter(), time.thread_time()
             out = inner(*a)
-            q = main_steps.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
+            q = store.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
             q["wall_s"] += time.perf_counter() - t0
             q["cpu_s"] += time.thread_time() - c0
             return out
-        return step
+        return call
 
-    w.runtime.decode_many = timed_main("decode", w.runtime.decode_many)
-    w.runtime.double_many = timed_main("doubling", w.runtime.double_many)
-    w._fold_contiguous = timed_main("fold", w._fold_contiguous)
+    # each query state's update on the update thread (wall − CPU = waiting), and decode and
+    # doubling on the main thread
+    per_query: dict = {}
+    main_steps: dict = {}
+    w.runtime.decode_many = timed(main_steps, "decode", w.runtime.decode_many)
+    w.runtime.double_many = timed(main_steps, "doubling", w.runtime.double_many)
+    w._fold_contiguous = timed(main_steps, "fold", w._fold_contiguous)
     inner_new_states = w.runtime.new_states
 
     def new_states():
         states = inner_new_states()
         for name, st in states.items():
-            st.update = timed(name, st.update)
+            st.update = timed(per_query, name, st.update)
         return states
 
     w.runtime.new_states = new_states
