@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from aggregator.state._kernels import FAST_SUMS
 from ingest._numba import jit
 
 __all__ = ["HESS_ANALYTIC", "HESS_LADDER", "HESS_NONE", "LABEL_RAW", "LABEL_THRESHOLD", "PHI_LOGISTIC",
@@ -45,9 +46,8 @@ LABEL_THRESHOLD = 1
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-#: Sums over a mini-batch's rows may be reassociated (vectorized): the sums differ from a
-#: row-by-row loop in the last bits only, and are the same on every run of one build.
-_SUMS = {"reassoc", "contract"}
+#: Sums over a mini-batch's rows may be reassociated (see ``_kernels.FAST_SUMS``).
+_SUMS = FAST_SUMS
 
 
 @jit(nogil=True, error_model="numpy")
