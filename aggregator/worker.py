@@ -1006,13 +1006,20 @@ def worker_from_config(config, *, group_id: str | None = None, metrics: WorkerMe
                        overlap: bool = True) -> Worker:
     """Build a :class:`Worker` from a :class:`aggregator.config.PipelineConfig`.
 
+    Also applies ``[worker] malloc_trim_threshold_mib`` to this process's allocator
+    (:func:`ingest.kafka.keep_freed_memory`): the consumer's fetch buffers are then reused rather
+    than page-faulted in again for every fetch response.
+
     Raises
     ------
     ConfigError
         On any invalid setting (propagated).
     """
+    from ingest.kafka import keep_freed_memory
+
     runtime = PipelineRuntime.from_config(config)
     w = config.worker
+    keep_freed_memory(w.malloc_trim_threshold_mib << 20)
     return Worker(
         runtime, client_config(config),
         reports_topic=config.topics.reports, state_topic=config.topics.state,

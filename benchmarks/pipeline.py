@@ -212,6 +212,13 @@ def _status_kb(key: str) -> int:
 # --------------------------------------------------------------------------------------------------
 # helper processes
 # --------------------------------------------------------------------------------------------------
+def _minor_faults() -> int:
+    """Minor page faults of this process so far (``getrusage``)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _thread_cpu_s() -> dict:
     """CPU seconds (user + system) of each Python thread of this process so far, by thread name
     without its trailing counter (``/proc/self/task/<native id>/stat``; threads of one name are
@@ -255,9 +262,9 @@ def worker_process(ns) -> int:
     w._apply, w._wait_one = apply, wait_one
     def timed(store: dict, name: str, inner):
         """``inner`` adding its wall and calling-thread CPU seconds to ``store[name]``."""
-        def call(*a):
+        def call(*a, **k):
             t0, c0 = time.perf_counter(), time.thread_time()
-            out = inner(*a)
+            out = inner(*a, **k)
             q = store.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
             q["wall_s"] += time.perf_counter() - t0
             q["cpu_s"] += time.thread_time() - c0
@@ -280,6 +287,16 @@ def worker_process(ns) -> int:
         return states
 
     w.runtime.new_states = new_states
+    inner_open = w._open
+
+    def open_():
+        inner_open()
+        # poll once fetching has started (info["first"], below): wall = waiting for fetches +
+        # parsing kafka-python's records; CPU = the parsing
+        plain_poll, timed_poll = w._consumer.poll, timed(main_steps, "poll", w._consumer.poll)
+        w._consumer.poll = lambda *a, **k: (plain_poll if info["first"] is None else timed_poll)(*a, **k)
+
+    w._open = open_
     # checkpoints (drain + publish + commit) on the main thread
     ckpt = {"checkpoints": 0, "wall_s": 0.0}
     inner_ckpt = w.checkpoint
@@ -300,8 +317,10 @@ def worker_process(ns) -> int:
     def process(partition, records):
         if info["first"] is None:  # fallback; normally set when the partitions are resumed
             info["first"], info["cpu_first"] = time.time(), time.process_time()
+            info["flt_first"] = _minor_faults()
         out = inner_process(partition, records)
         info["last"], info["cpu_last"] = time.time(), time.process_time()
+        info["minflt"] = _minor_faults() - info["flt_first"]
         info["threads_last"] = _thread_cpu_s()
         info["partitions"].add(partition)
         while marks and w.processed_reports + out >= marks[0]:
@@ -314,7 +333,7 @@ def worker_process(ns) -> int:
             if w.owned and info["first"] is None:
                 # partitions restored and resumed: fetching starts now
                 info["first"], info["cpu_first"] = time.time(), time.process_time()
-                info["threads_first"] = _thread_cpu_s()
+                info["threads_first"], info["flt_first"] = _thread_cpu_s(), _minor_faults()
             if go is None and ready is not None and w.owned and not ready.exists():
                 ready.write_text("1")  # joined the group and owns its partitions
         elif ready is not None and len(w._pending) == ns.expect and not ready.exists():
@@ -359,7 +378,10 @@ def raw_consumer_process(ns) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
     from aggregator.worker import DEFAULT_MAX_POLL_RECORDS
+    from ingest.kafka import keep_freed_memory
 
+    # the worker's allocator settings ([worker] malloc_trim_threshold_mib), or glibc's defaults
+    keep_freed_memory(ns.malloc_trim_mib << 20)
     c = KafkaConsumer(
         bootstrap_servers=ns.bootstrap,
         enable_auto_commit=False,
@@ -376,12 +398,19 @@ def raw_consumer_process(ns) -> int:
     Path(ns.ready).write_text("1")
     got, n_bytes = 0, 0
     # like the worker's start: partitions ready, first fetch not yet done
-    first, cpu_first, threads_first = time.time(), time.process_time(), _thread_cpu_s()
+    first, cpu_first = time.time(), time.process_time()
+    threads_first, flt_first = _thread_cpu_s(), _minor_faults()
+    poll_wall = poll_cpu = 0.0
     while got < ns.records:
-        for recs in c.poll(timeout_ms=500).values():
+        t0, c0 = time.perf_counter(), time.thread_time()
+        got_recs = c.poll(timeout_ms=500)
+        poll_wall += time.perf_counter() - t0
+        poll_cpu += time.thread_time() - c0
+        for recs in got_recs.values():
             got += len(recs)
             n_bytes += sum(len(r.value) for r in recs)
-    last, cpu_last, threads_last = time.time(), time.process_time(), _thread_cpu_s()
+    last, cpu_last = time.time(), time.process_time()
+    threads_last, flt_last = _thread_cpu_s(), _minor_faults()
     c.close()
     Path(ns.out).write_text(
         json.dumps(
@@ -392,6 +421,8 @@ def raw_consumer_process(ns) -> int:
                 "cpu_last": cpu_last,
                 "records": got,
                 "bytes": n_bytes,
+                "poll": {"wall_s": poll_wall, "cpu_s": poll_cpu},
+                "minflt": flt_last - flt_first,
                 "thread_cpu_s": {k: round(v - threads_first.get(k, 0.0), 3) for k, v in threads_last.items()},
             }
         )
@@ -497,16 +528,20 @@ def section_consume(
         ensure_topics(cfg)
         values = encoded_records(pool, m, min(n_records, 200))
         raw_produce(bootstrap, cfg.topics.reports, values, n_records)
-        raws, wks = [], []
+        raws, wks, plains = [], [], []
+        trim = cfg.worker.malloc_trim_threshold_mib
         for i in range(repeats):
             b0 = _proc_cpu_s(broker_pid)
-            raws.append(_raw_pass(tmp, bootstrap, cfg.topics.reports, n_records, f"{tag}.{i}"))
+            raws.append(_raw_pass(tmp, bootstrap, cfg.topics.reports, n_records, f"{tag}.{i}", trim))
             b1 = _proc_cpu_s(broker_pid)
             wp, wf = _run_worker(tmp, _fresh_group(tmp, cfg_path, f"r{i}"), f"{tag}.w{i}", n_records * m)
             reap([wp], 1800)
             b2 = _proc_cpu_s(broker_pid)
             raws[-1]["broker_cpu_s"] = b1 - b0
             wks.append({**json.loads(wf["out"].read_text()), "broker_cpu_s": b2 - b1})
+            # the same loop with glibc's default allocator settings: what a plain kafka-python
+            # consumer gets (docs/benchmarks.md, "Allocator")
+            plains.append(_raw_pass(tmp, bootstrap, cfg.topics.reports, n_records, f"{tag}.{i}p", 0))
         raw = min(raws, key=lambda r: r["last"] - r["first"])
         wk = min(wks, key=lambda w: (w["last"] - w["first"]) / max(1, w["reports"]))
         if m == profile_m:  # a separate, profiled pass (cProfile slows the worker: not timed)
@@ -519,6 +554,8 @@ def section_consume(
         w_rate = wk["reports"] / (wk["last"] - wk["first"])
         raw_all = [n_records * m / (r["last"] - r["first"]) for r in raws]
         wk_all = [w["reports"] / (w["last"] - w["first"]) for w in wks]
+        plain_all = [n_records * m / (r["last"] - r["first"]) for r in plains]
+        plain = min(plains, key=lambda r: r["last"] - r["first"])
         cpu = {
             "raw_reports_per_cpu_s": n_records * m / max(1e-9, raw["cpu_last"] - raw["cpu_first"]),
             "worker_reports_per_cpu_s": wk["reports"] / max(1e-9, wk["cpu_last"] - wk["cpu_first"]),
@@ -544,6 +581,17 @@ def section_consume(
                 "update_thread": wk.get("update_thread"),
                 "checkpoint": wk.get("checkpoint"),
                 "main_thread": wk.get("main_thread"),
+                "raw_poll": raw.get("poll"),
+                "malloc_trim_threshold_mib": trim,
+                "raw_minor_faults": raw.get("minflt"),
+                "worker_minor_faults": wk.get("minflt"),
+                "plain_raw_reports_per_s": max(plain_all),
+                "plain_raw_reports_per_s_all": plain_all,
+                "plain_raw_minor_faults": plain.get("minflt"),
+                "plain_raw_thread_cpu_s": plain.get("thread_cpu_s"),
+                "worker_vs_plain_raw": w_rate / max(plain_all),
+                "worker_vs_plain_raw_paired_median": float(
+                    np.median([w / r for w, r in zip(wk_all, plain_all)])),
                 "thread_cpu_s": {"raw": raw.get("thread_cpu_s"), "worker": wk.get("thread_cpu_s")},
                 "raw_reports_per_s_all": raw_all,
                 "worker_reports_per_s_all": wk_all,
@@ -557,7 +605,8 @@ def section_consume(
             f"  consume m={m}: raw {raw_rate:,.0f}/s worker {w_rate:,.0f}/s ({w_rate / raw_rate:.0%}; "
             f"medians {rows[-1]['worker_vs_raw_medians']:.0%}, paired median "
             f"{rows[-1]['worker_vs_raw_paired_median']:.0%}); "
-            f"worker {cpu['worker_reports_per_cpu_s']:,.0f} reports/CPU-s "
+            f"worker {cpu['worker_reports_per_cpu_s']:,.0f} reports/CPU-s; raw with glibc's default "
+            f"malloc {max(plain_all):,.0f}/s (worker/that {w_rate / max(plain_all):.0%}) "
             f"(passes: raw {[round(x) for x in rows[-1]['raw_reports_per_s_all']]}, "
             f"worker {[round(x) for x in rows[-1]['worker_reports_per_s_all']]})",
             flush=True,
@@ -565,20 +614,23 @@ def section_consume(
     return rows, prof_text
 
 
-def _raw_pass(tmp, bootstrap: str, topic: str, n_records: int, tag: str) -> dict:
+def _raw_pass(tmp, bootstrap: str, topic: str, n_records: int, tag: str, malloc_trim_mib: int) -> dict:
     """One pass of the raw consumer process over ``topic`` from its beginning."""
-    rp, rf = _spawn_raw(tmp, bootstrap, topic, n_records, tag)
+    rp, rf = _spawn_raw(tmp, bootstrap, topic, n_records, tag, malloc_trim_mib)
     reap([rp], 900)
     return json.loads(rf["out"].read_text())
 
 
-def _spawn_raw(tmp, bootstrap: str, topic: str, n_records: int, tag: str) -> tuple[subprocess.Popen, dict]:
-    """Start the raw consumer process (1 partition, from the beginning); returns it and its
-    ``ready`` / ``out`` / ``log`` paths."""
+def _spawn_raw(tmp, bootstrap: str, topic: str, n_records: int, tag: str,
+               malloc_trim_mib: int) -> tuple[subprocess.Popen, dict]:
+    """Start the raw consumer process (1 partition, from the beginning) with the allocator
+    settings of :func:`ingest.kafka.keep_freed_memory` (``malloc_trim_mib`` MiB; 0 = glibc's
+    defaults); returns it and its ``ready`` / ``out`` / ``log`` paths."""
     rf = {k: tmp / f"{tag}.raw.{k}" for k in ("ready", "out", "log")}
     rp = spawn(
         ["_raw", "--bootstrap", bootstrap, "--topic", topic, "--records", str(n_records),
-         "--partitions", "1", "--ready", str(rf["ready"]), "--out", str(rf["out"])],
+         "--partitions", "1", "--ready", str(rf["ready"]), "--out", str(rf["out"]),
+         "--malloc-trim-mib", str(malloc_trim_mib)],
         rf["log"],
     )
     return rp, rf
@@ -616,7 +668,7 @@ def section_e2e(tmp, bootstrap, schema, pool, plan) -> list[dict]:
         from ingest.kafka import ensure_topic
 
         ensure_topic(bootstrap, rtopic, 1)
-        rp, rf = _spawn_raw(tmp, bootstrap, rtopic, n_records, tag)
+        rp, rf = _spawn_raw(tmp, bootstrap, rtopic, n_records, tag, cfg.worker.malloc_trim_threshold_mib)
         wait_files([rf["ready"]], [rp], 60)
         values = encoded_records(pool, m, min(n_records, 200))
         r0, _ = raw_produce(bootstrap, rtopic, values, n_records)
@@ -931,6 +983,7 @@ def main(argv=None) -> int:
             ap.add_argument(a, required=True)
         ap.add_argument("--records", type=int, required=True)
         ap.add_argument("--partitions", type=int, default=1)
+        ap.add_argument("--malloc-trim-mib", type=int, default=0)
         return raw_consumer_process(ap.parse_args(argv[1:]))
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1079,6 +1132,8 @@ def print_tables(r: dict) -> None:
                     "medians",
                     "paired median",
                     "worker /CPU-s",
+                    "raw, glibc malloc /s",
+                    "worker/that",
                 ],
                 [
                     (
@@ -1092,10 +1147,12 @@ def print_tables(r: dict) -> None:
                         x.get("worker_vs_raw_medians", float("nan")),
                         x.get("worker_vs_raw_paired_median", float("nan")),
                         x.get("worker_reports_per_cpu_s", float("nan")),
+                        x.get("plain_raw_reports_per_s", float("nan")),
+                        x.get("worker_vs_plain_raw", float("nan")),
                     )
                     for x in r["consume"]
                 ],
-                "consume (reports/s)",
+                "consume (reports/s; raw = same malloc settings as the worker)",
             )
         )
     if r.get("consume") and r["consume"][0].get("thread_cpu_s"):

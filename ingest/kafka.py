@@ -11,11 +11,15 @@ settings (TLS, SASL) and the Tansu quirks of DESIGN §6 are handled in one place
 * :func:`high_watermarks` — end offsets that honour Tansu's short ``end_offsets()``.
 * :class:`Transport` — what :class:`ingest.producer.ReportProducer` needs from a client library;
   :class:`KafkaPythonTransport` is the default implementation.
+* :func:`keep_freed_memory` — glibc ``malloc`` settings that stop a consumer from returning each
+  fetch response's memory to the kernel (and page-faulting it back in for the next one).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import platform
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +44,73 @@ FAST_GROUP_SETTINGS: Mapping[str, int] = {
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+
+
+#: glibc ``mallopt`` parameters (``<malloc.h>``) and the largest mmap threshold glibc accepts on
+#: 64-bit systems (``DEFAULT_MMAP_THRESHOLD_MAX``).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
+
+
+def keep_freed_memory(trim_threshold_bytes: int) -> bool:
+    """Make glibc ``malloc`` keep freed memory for reuse instead of handing it back to the kernel.
+
+    kafka-python copies every fetch response (megabytes with large records) several times in
+    fresh buffers. With glibc's defaults those buffers are ``mmap``-ed and unmapped, or the heap
+    top is trimmed, after each response, so every page of the next one is faulted in again: on
+    the benchmark machine (2-core KVM guest) that was 2·10⁵ minor faults per 4·10⁶ reports and
+    half of the consumer's network-thread CPU time (``docs/benchmarks.md``, "Allocator"). This
+    sets, for the whole process:
+
+    * ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's maximum): buffers below it come from the heap;
+    * ``M_TRIM_THRESHOLD`` to ``trim_threshold_bytes``: up to that much free memory stays at
+      the top of each heap rather than being returned.
+
+    The cost is resident memory: up to ``trim_threshold_bytes`` of freed memory per malloc arena
+    (one per thread that allocates, at most 8 per core) stays mapped.
+
+    Parameters
+    ----------
+    trim_threshold_bytes : int
+        Free memory kept at a heap's top, bytes, in ``[MMAP_THRESHOLD_MAX, 2**40]``; 0 leaves the
+        allocator alone.
+
+    Returns
+    -------
+    bool
+        Whether the settings were applied (False for 0, or where the C library is not glibc).
+
+    Raises
+    ------
+    ConfigError
+        If ``trim_threshold_bytes`` is neither 0 nor within the range above.
+    """
+    if isinstance(trim_threshold_bytes, bool) or not isinstance(trim_threshold_bytes, int) or not (
+        trim_threshold_bytes == 0 or MMAP_THRESHOLD_MAX <= trim_threshold_bytes <= 1 << 40
+    ):
+        raise ConfigError(f"trim_threshold_bytes must be 0 or an integer in [{MMAP_THRESHOLD_MAX}, 2**40], "
+                          f"got {trim_threshold_bytes!r}")
+    if trim_threshold_bytes == 0:
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        logger.debug("C library is not glibc: malloc settings left alone")
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        logger.debug("mallopt not found: malloc settings left alone")
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # the trim threshold is an int in glibc's mallopt: clamp what does not fit (already "never")
+    ok = (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
+          and mallopt(_M_TRIM_THRESHOLD, min(trim_threshold_bytes, 2**31 - 1)) == 1)
+    if ok:
+        logger.info("glibc malloc: mmap threshold %d MiB, trim threshold %d MiB (freed memory is "
+                    "reused, not returned)", MMAP_THRESHOLD_MAX >> 20, trim_threshold_bytes >> 20)
+    else:
+        logger.warning("glibc mallopt refused the settings: malloc left at its defaults")
+    return ok
 
 
 class KafkaSettings(BaseModel):

@@ -97,6 +97,8 @@ def test_defaults_and_relative_schema(tmp_path):
         ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\ncolour = "red"\n', r"queries\.m\.colour"),
         ('[topics]\npartitions = 0\n', r"topics\.partitions"),
         ('[worker]\nmetrics_port = 70000\n', r"worker\.metrics_port"),
+        ('[worker]\nmalloc_trim_threshold_mib = 16\n', r"worker\.malloc_trim_threshold_mib.*\[32, 1048576\]"),
+        ('[worker]\nmalloc_trim_threshold_mib = -1\n', r"worker\.malloc_trim_threshold_mib"),
         ('[serve]\nrefresh_interval_s = -1\n', r"serve\.refresh_interval_s"),
         ("[serve]\nrefresh_interval_s = 5\nstale_after_s = 4\n", r"serve.*stale_after_s must be >"),
         ('[kafka]\nbootstrap_servers = 5\n', r"kafka"),
