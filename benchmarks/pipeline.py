@@ -934,12 +934,13 @@ def plot(results: dict) -> list[str]:
             (prod, "producer_reports_per_s", "o-", "ReportProducer (produce only)"),
             (prod, "raw_reports_per_s", "o--", "raw kafka-python send loop"),
             (cons, "worker_reports_per_s", "s-", "worker (consume only)"),
-            (cons, "raw_reports_per_s", "s--", "raw kafka-python consume loop"),
+            (cons, "raw_reports_per_s", "s--", "raw kafka-python consume loop (worker's malloc settings)"),
+            (cons, "plain_raw_reports_per_s", "s:", "raw kafka-python consume loop (glibc malloc defaults)"),
             (e2e, "pipeline_reports_per_s", "^-", "produce→broker→worker"),
             (e2e, "raw_reports_per_s", "^--", "raw produce→broker→consume"),
         ]
         for rows, key, style, label in series:
-            if rows:
+            if rows and all(key in r for r in rows):
                 ax.plot([r["reports_per_record"] for r in rows], [r[key] for r in rows], style, label=label)
         ax.axhline(1e6, color="grey", lw=0.8, ls=":", label="issue 5 target 10⁶/s")
         ax.set(
