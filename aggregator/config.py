@@ -107,7 +107,7 @@ class WorkerSection(_Frozen):
     """``[worker]``: consumer group, checkpoint cadence (seconds and/or reports; a checkpoint is
     taken when either is reached), metrics port (0 = no metrics server), the largest record
     accepted, in bytes (1 KiB … 1 GiB), and ``malloc_trim_threshold_mib``: free memory glibc keeps
-    for reuse per heap, MiB (0 = glibc's defaults, else 32 … 1048576; see
+    for reuse per heap, MiB (0 = glibc's defaults, else 32 … 2047; see
     :func:`ingest.kafka.keep_freed_memory`)."""
 
     group_id: str = Field(default="ldp-stream", min_length=1)
@@ -115,13 +115,13 @@ class WorkerSection(_Frozen):
     checkpoint_reports: int = Field(default=100_000, ge=1)
     metrics_port: int = Field(default=0, ge=0, le=65_535)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 30)
-    malloc_trim_threshold_mib: int = Field(default=128, ge=0, le=1 << 20)
+    malloc_trim_threshold_mib: int = Field(default=128, ge=0, le=2047, strict=True)
 
     @field_validator("malloc_trim_threshold_mib")
     @classmethod
     def _trim_range(cls, v: int) -> int:
         if 0 < v < 32:
-            raise ValueError(f"must be 0 (glibc defaults) or in [32, 1048576] MiB, got {v}")
+            raise ValueError(f"must be 0 (glibc defaults) or in [32, 2047] MiB, got {v}")
         return v
 
 

@@ -46,11 +46,13 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
 
 
-#: glibc ``mallopt`` parameters (``<malloc.h>``) and the largest mmap threshold glibc accepts on
-#: 64-bit systems (``DEFAULT_MMAP_THRESHOLD_MAX``).
+#: glibc ``mallopt`` parameters (``<malloc.h>``), the largest mmap threshold glibc accepts on
+#: 64-bit systems (``DEFAULT_MMAP_THRESHOLD_MAX``) and the largest trim threshold ``mallopt``'s
+#: ``int`` argument can carry.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
+TRIM_THRESHOLD_MAX = 2**31 - 1
 
 
 def keep_freed_memory(trim_threshold_bytes: int) -> bool:
@@ -60,8 +62,9 @@ def keep_freed_memory(trim_threshold_bytes: int) -> bool:
     fresh buffers. With glibc's defaults those buffers are ``mmap``-ed and unmapped, or the heap
     top is trimmed, after each response, so every page of the next one is faulted in again: on
     the benchmark machine (2-core KVM guest) that was 2·10⁵ minor faults per 4·10⁶ reports and
-    half of the consumer's network-thread CPU time (``docs/benchmarks.md``, "Allocator"). This
-    sets, for the whole process:
+    more than half of a raw consume loop's network-thread CPU time (``docs/benchmarks.md``,
+    "Finding: glibc handed every fetch response back to the kernel"). This sets, for the whole
+    process:
 
     * ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's maximum): buffers below it come from the heap;
     * ``M_TRIM_THRESHOLD`` to ``trim_threshold_bytes``: up to that much free memory stays at
@@ -73,8 +76,8 @@ def keep_freed_memory(trim_threshold_bytes: int) -> bool:
     Parameters
     ----------
     trim_threshold_bytes : int
-        Free memory kept at a heap's top, bytes, in ``[MMAP_THRESHOLD_MAX, 2**40]``; 0 leaves the
-        allocator alone.
+        Free memory kept at a heap's top, bytes, in ``[MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX]``
+        (32 MiB … 2 GiB − 1); 0 leaves the allocator alone.
 
     Returns
     -------
@@ -87,10 +90,10 @@ def keep_freed_memory(trim_threshold_bytes: int) -> bool:
         If ``trim_threshold_bytes`` is neither 0 nor within the range above.
     """
     if isinstance(trim_threshold_bytes, bool) or not isinstance(trim_threshold_bytes, int) or not (
-        trim_threshold_bytes == 0 or MMAP_THRESHOLD_MAX <= trim_threshold_bytes <= 1 << 40
+        trim_threshold_bytes == 0 or MMAP_THRESHOLD_MAX <= trim_threshold_bytes <= TRIM_THRESHOLD_MAX
     ):
-        raise ConfigError(f"trim_threshold_bytes must be 0 or an integer in [{MMAP_THRESHOLD_MAX}, 2**40], "
-                          f"got {trim_threshold_bytes!r}")
+        raise ConfigError(f"trim_threshold_bytes must be 0 or an integer in [{MMAP_THRESHOLD_MAX}, "
+                          f"{TRIM_THRESHOLD_MAX}], got {trim_threshold_bytes!r}")
     if trim_threshold_bytes == 0:
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
@@ -102,12 +105,11 @@ def keep_freed_memory(trim_threshold_bytes: int) -> bool:
         logger.debug("mallopt not found: malloc settings left alone")
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # the trim threshold is an int in glibc's mallopt: clamp what does not fit (already "never")
     ok = (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
-          and mallopt(_M_TRIM_THRESHOLD, min(trim_threshold_bytes, 2**31 - 1)) == 1)
+          and mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)
     if ok:
-        logger.info("glibc malloc: mmap threshold %d MiB, trim threshold %d MiB (freed memory is "
-                    "reused, not returned)", MMAP_THRESHOLD_MAX >> 20, trim_threshold_bytes >> 20)
+        logger.info("glibc malloc: mmap threshold %d MiB, trim threshold %.0f MiB (freed memory is "
+                    "reused, not returned)", MMAP_THRESHOLD_MAX >> 20, trim_threshold_bytes / 2**20)
     else:
         logger.warning("glibc mallopt refused the settings: malloc left at its defaults")
     return ok

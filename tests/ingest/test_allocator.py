@@ -4,6 +4,7 @@ allocated again stop costing page faults — the effect the worker relies on (do
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import subprocess
 import sys
@@ -11,14 +12,14 @@ import sys
 import pytest
 
 from ingest.errors import ConfigError
-from ingest.kafka import MMAP_THRESHOLD_MAX, keep_freed_memory
+from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX, keep_freed_memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
-@pytest.mark.parametrize("bad", [-1, 1, MMAP_THRESHOLD_MAX - 1, (1 << 40) + 1, 2.5e8, "128", True])
+@pytest.mark.parametrize("bad", [-1, 1, MMAP_THRESHOLD_MAX - 1, TRIM_THRESHOLD_MAX + 1, 2.5e8, "128", True])
 def test_out_of_range_is_refused_with_the_argument_named(bad):
-    msg = r"trim_threshold_bytes must be 0 or an integer in \[33554432, 2\*\*40\], got"
+    msg = r"trim_threshold_bytes must be 0 or an integer in \[33554432, 2147483647\], got"
     with pytest.raises(ConfigError, match=msg):
         keep_freed_memory(bad)
 
@@ -62,3 +63,11 @@ def test_freed_buffers_are_reused_without_page_faults():
     assert plain["faults"] > pages // 2, plain
     # kept: only the first response's pages fault
     assert kept["faults"] < pages // 10, kept
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt settings exist on glibc only")
+def test_largest_trim_threshold_is_applied_and_logged_as_given(caplog):
+    with caplog.at_level(logging.INFO, logger="ingest.kafka"):
+        assert keep_freed_memory(2047 << 20) is True
+    assert "trim threshold 2047 MiB" in caplog.text
+    keep_freed_memory(128 << 20)  # the worker's default again for the rest of this process
