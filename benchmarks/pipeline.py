@@ -540,7 +540,8 @@ def section_consume(
             raws[-1]["broker_cpu_s"] = b1 - b0
             wks.append({**json.loads(wf["out"].read_text()), "broker_cpu_s": b2 - b1})
             # the same loop with glibc's default allocator settings: what a plain kafka-python
-            # consumer gets (docs/benchmarks.md, "Allocator")
+            # consumer gets (docs/benchmarks.md, "Finding: glibc handed every fetch response back
+            # to the kernel")
             plains.append(_raw_pass(tmp, bootstrap, cfg.topics.reports, n_records, f"{tag}.{i}p", 0))
         raw = min(raws, key=lambda r: r["last"] - r["first"])
         wk = min(wks, key=lambda w: (w["last"] - w["first"]) / max(1, w["reports"]))
