@@ -8,8 +8,10 @@ with ``next_offset`` (the first offset not yet folded in):
 * the records of one poll and partition are decoded together (``codec.decode_many``; with
   ``coalesce=False`` one by one), ``X̃₂ = X̃₁ + S′`` (``zil.double``'s distribution, draws from
   ``aggregator.state.doubling_draws``) is drawn for each record's rows — seeded by the record
-  bytes, so a replay is bit-identical — and all query states are updated with the batch, on an
-  update thread (one update in flight) while the main thread polls and decodes the next records;
+  bytes, so a replay is bit-identical — and all query states are updated with the batch. The
+  main thread only polls: each poll is folded (decoded, doubled, offsets moved) on the
+  ``ldp-fold`` thread while the main thread fetches the next one, and its state updates run on
+  the ``ldp-update`` thread (one update in flight) while the fold thread takes the next poll;
 * undecodable records go to the dead-letter topic (value = original bytes, headers ``reason``,
   ``source_topic``, ``source_partition``, ``source_offset``) and are counted by reason; the worker
   goes on;
@@ -22,8 +24,10 @@ with ``next_offset`` (the first offset not yet folded in):
   undecodable checkpoint: logged, counted, rebuilt from the earliest offset); on revocation the
   partition is checkpointed; on loss it is dropped;
 * :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``;
-* every checkpoint, revocation and shutdown first waits for the update in flight; a failed update
-  stops the worker without any further checkpoint (its offsets were already past the batch).
+* every checkpoint and shutdown first waits for the poll being folded and the update in flight, a
+  revocation for the update in flight (a poll folded after it finds its partition gone and drops
+  the records: the next owner fetches them again); a failed fold or update stops the worker
+  without any further checkpoint (its offsets were already past the batch).
 
 kafka-python 3.x runs rebalance callbacks on its network loop, so the callbacks only pause the
 new partitions and flag them (restore happens in the main loop), or publish the small checkpoint
@@ -365,9 +369,14 @@ class Worker:
     max_poll_records : int
         ``max_records`` per ``poll`` (≥ 1; default :data:`DEFAULT_MAX_POLL_RECORDS`).
     overlap : bool
-        Apply each update on a background thread while the main thread polls and decodes the
-        next records (one update in flight; states, offsets and checkpoints are identical — every
-        checkpoint, revoke and shutdown first waits for it). ``False`` updates inline.
+        Fold each poll on background threads while the main thread polls the next records: the
+        ``ldp-fold`` thread decodes and doubles one poll at a time and hands its update to the
+        ``ldp-update`` thread (one update in flight). States, offsets and checkpoints are
+        identical to ``False`` (everything inline, in the main thread): every checkpoint and
+        shutdown first waits for both threads, a revoke for the update in flight. Returning to
+        ``poll`` at once matters because kafka-python 3.0 sends the next fetch request only when
+        ``poll`` is called again if the previous call had to wait for its records; folding in the
+        main thread delayed every fetch by the fold's time (docs/benchmarks.md).
     metrics : WorkerMetrics or None
         ``None`` creates one with a private registry.
     producer_config : mapping or None
@@ -440,17 +449,23 @@ class Worker:
         self._reader: StateTopicReader | None = None
         self._updater: ThreadPoolExecutor | None = None
         self._inflight: deque[Future] = deque()  # guarded by self._lock
+        self._folder: ThreadPoolExecutor | None = None
+        self._fold_future: Future | None = None  # the poll being folded (set by the main thread)
         self._failure: BaseException | None = None  # a failed update: no checkpoint may follow
 
     # ---------------------------------------------------------------------------------- clients
     def _client_kwargs(self, keys_to_drop: tuple[str, ...] = ()) -> dict:
         return {k: v for k, v in self.client_config.items() if k not in keys_to_drop}
 
+    def _start_threads(self) -> None:
+        if self.overlap:
+            self._updater = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ldp-update")
+            self._folder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ldp-fold")
+
     def _open(self) -> None:
         from kafka import KafkaConsumer, KafkaProducer
 
-        if self.overlap:
-            self._updater = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ldp-update")
+        self._start_threads()
 
         group_keys = ("session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
                       "group_id", "enable_auto_commit", "auto_offset_reset", "rebalance_timeout_ms",
@@ -525,6 +540,8 @@ class Worker:
 
     # ---------------------------------------------------------------------------------- restore
     def _restore_pending(self) -> None:
+        # a poll still being folded may hold records of a partition restored (and seeked) below
+        self._wait_fold()
         with self._lock:
             todo = [tp for tp in self._pending if tp in self._consumer.assignment()]
             self._pending.clear()
@@ -747,6 +764,7 @@ class Worker:
             Number of partitions checkpointed.
         """
         t0 = time.perf_counter()
+        self._wait_fold()  # never under self._lock: the fold holds it while it runs
         with self._lock:
             self._drain()
             parts = [ps for ps in self.owned.values() if force or ps.dirty]
@@ -839,17 +857,14 @@ class Worker:
                 except KafkaError as exc:  # broker gone or restarting: keep the state, retry
                     self._broker_trouble("poll", exc)
                     continue
-                n = 0
-                with self._lock:
-                    for tp, recs in got.items():
-                        if tp.topic == self.reports_topic:
-                            r = self._process(tp.partition, recs)
-                            self.processed_reports += r
-                            self._since_ckpt_reports += r
-                            self.processed_records += len(recs)
-                            n += len(recs)
-                if n:
+                if any(tp.topic == self.reports_topic and recs for tp, recs in got.items()):
                     self._last_data = time.monotonic()
+                    if self._folder is None:
+                        with self._lock:
+                            self._fold_poll(got)
+                    else:
+                        self._wait_fold()  # one poll folded while the next is fetched
+                        self._fold_future = self._folder.submit(self._fold_poll_locked, got)
                 self._update_lag()
                 due = (self._since_ckpt_reports >= self.checkpoint_reports
                        or time.monotonic() - self._last_ckpt >= self.checkpoint_interval_s)
@@ -870,6 +885,34 @@ class Worker:
             self._shutdown()
         return self.processed_reports
 
+    def _fold_poll(self, got: Mapping) -> None:
+        """Fold the records of one ``poll`` result (``{TopicPartition: [ConsumerRecord]}``) into
+        their partitions' states and count them (the caller holds ``self._lock``)."""
+        for tp, recs in got.items():
+            if tp.topic == self.reports_topic:
+                r = self._process(tp.partition, recs)
+                self.processed_reports += r
+                self._since_ckpt_reports += r
+                self.processed_records += len(recs)
+
+    def _fold_poll_locked(self, got: Mapping) -> None:
+        """:meth:`_fold_poll` on the ``ldp-fold`` thread. A failure stops checkpoints as a failed
+        update does: offsets may already have moved past records that are not in the states."""
+        try:
+            with self._lock:
+                self._fold_poll(got)
+        except BaseException as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
+
+    def _wait_fold(self) -> None:
+        """Wait until the poll handed to the ``ldp-fold`` thread is folded (re-raising its
+        failure); called by the main thread only, never under ``self._lock``."""
+        fut, self._fold_future = self._fold_future, None
+        if fut is not None:
+            fut.result()
+
     def _broker_trouble(self, what: str, exc: Exception) -> None:
         """Log a broker error of the main loop (at most every 10 s) and back off for a second."""
         now = time.monotonic()
@@ -888,9 +931,11 @@ class Worker:
                 self.checkpoint()
         except Exception:
             log.exception("final checkpoint failed")
-        if self._updater is not None:
-            self._updater.shutdown(wait=True)
-            self._updater = None
+        for attr in ("_folder", "_updater"):  # the fold thread first: it submits updates
+            pool = getattr(self, attr)
+            if pool is not None:
+                pool.shutdown(wait=True)
+                setattr(self, attr, None)
         self._closing = True
         for client in (self._consumer, self._producer):
             if client is not None:

@@ -243,7 +243,8 @@ def worker_process(ns) -> int:
 
     cfg = load_config(Path(ns.config))
     w = worker_from_config(cfg, metrics=WorkerMetrics())
-    # the update thread's wall and CPU time per update, and how long the main thread waits for it
+    # the update thread's wall and CPU time per update, and how long the fold thread (or a
+    # checkpoint) waits for it
     upd = {"updates": 0, "wall_s": 0.0, "cpu_s": 0.0, "main_wait_s": 0.0}
     inner_apply, inner_wait = w._apply, w._wait_one
 
@@ -271,13 +272,14 @@ def worker_process(ns) -> int:
             return out
         return call
 
-    # each query state's update on the update thread (wall − CPU = waiting), and decode and
-    # doubling on the main thread
+    # each query state's update on the update thread (wall − CPU = waiting), decode and doubling
+    # on the fold thread (the main thread when the worker runs without overlap), poll on the main
     per_query: dict = {}
     main_steps: dict = {}
-    w.runtime.decode_many = timed(main_steps, "decode", w.runtime.decode_many)
-    w.runtime.double_many = timed(main_steps, "doubling", w.runtime.double_many)
-    w._fold_contiguous = timed(main_steps, "fold", w._fold_contiguous)
+    fold_steps: dict = {}
+    w.runtime.decode_many = timed(fold_steps, "decode", w.runtime.decode_many)
+    w.runtime.double_many = timed(fold_steps, "doubling", w.runtime.double_many)
+    w._fold_contiguous = timed(fold_steps, "fold", w._fold_contiguous)
     inner_new_states = w.runtime.new_states
 
     def new_states():
@@ -366,6 +368,7 @@ def worker_process(ns) -> int:
     info["reports"] = w.processed_reports
     info["update_thread"] = {**upd, "per_query": per_query}
     info["main_thread"] = main_steps
+    info["fold_thread"] = fold_steps
     info["checkpoint"] = ckpt
     info["records"] = w.processed_records
     info["partitions"] = sorted(info["partitions"])
@@ -582,6 +585,7 @@ def section_consume(
                 "update_thread": wk.get("update_thread"),
                 "checkpoint": wk.get("checkpoint"),
                 "main_thread": wk.get("main_thread"),
+                "fold_thread": wk.get("fold_thread"),
                 "raw_poll": raw.get("poll"),
                 "malloc_trim_threshold_mib": trim,
                 "raw_minor_faults": raw.get("minflt"),
@@ -1165,7 +1169,8 @@ def print_tables(r: dict) -> None:
         print(
             table(
                 ["reports/record", "raw wall s", "raw main", "raw kafka-io", "broker (raw)",
-                 "worker wall s", "worker main", "of it decode+doubling", "worker kafka-io", "ldp-update",
+                 "worker wall s", "worker main", "ldp-fold", "of it decode+doubling", "worker kafka-io",
+                 "ldp-update",
                  "checkpoints s", "broker (worker)"],
                 [
                     (
@@ -1176,7 +1181,8 @@ def print_tables(r: dict) -> None:
                         x["broker_cpu_s_raw_pass"],
                         x["worker_wall_s"],
                         cpu(x, "worker", "MainThread"),
-                        sum((x.get("main_thread") or {}).get(k, {}).get("cpu_s", 0.0)
+                        cpu(x, "worker", "ldp-fold"),
+                        sum((x.get("fold_thread") or {}).get(k, {}).get("cpu_s", 0.0)
                             for k in ("decode", "doubling")),
                         cpu(x, "worker", "kafka-io"),
                         cpu(x, "worker", "ldp-update"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import types
 
 import numpy as np
@@ -282,6 +283,108 @@ def test_a_failed_update_stops_checkpoints(runtime, records, overlap, caplog):
         w._process(0, [rec(2, records[2])])
     w._shutdown()
     assert len(w._producer.sent) == sent  # nothing published after the failure
+    assert "no final checkpoint" in caplog.text
+
+
+class FakeConsumer:
+    """``poll`` hands out the given poll results, then nothing (after a short wait)."""
+
+    def __init__(self, polls, on_poll=None):
+        self.polls = list(polls)
+        self.calls = 0
+        self.on_poll = on_poll
+        self.commits = []
+
+    def poll(self, timeout_ms=0, max_records=None):
+        self.calls += 1
+        if self.on_poll is not None:
+            self.on_poll(self.calls)
+        if self.polls:
+            return self.polls.pop(0)
+        time.sleep(0.005)
+        return {}
+
+    def highwater(self, tp):
+        return None
+
+    def commit(self, offsets):
+        self.commits.append(offsets)
+
+    def close(self):
+        pass
+
+
+def _run_on(w, consumer, max_reports):
+    """``w.run`` with ``consumer`` instead of a broker (the rest of ``_open`` as in a real start)."""
+    def open_():
+        w._start_threads()
+        w._consumer = consumer
+
+    w._open = open_
+    return w.run(max_reports=max_reports)
+
+
+def _polls(records, sizes):
+    from kafka import TopicPartition
+
+    tp, out, start = TopicPartition("reports", 0), [], 0
+    for n in sizes:
+        out.append({tp: [rec(start + i, records[start + i]) for i in range(n)]})
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_run_folds_every_poll_and_the_final_checkpoint_holds_them(runtime, records, overlap):
+    """run() with the fold and update threads (overlap) ends with the same states, offsets and
+    counts as everything inline in the main thread."""
+    w = make_worker(runtime, overlap=overlap)
+    n = _run_on(w, FakeConsumer(_polls(records, [3, 4, 5])), max_reports=12 * 7)
+    assert n == w.processed_reports == 12 * 7 and w.processed_records == 12
+    ck = Checkpoint.from_bytes(w._producer.sent[-1][2])
+    ref = make_worker(runtime)  # the same polls, folded inline one by one
+    ref._consumer = FakeConsumer([])
+    for got in _polls(records, [3, 4, 5]):
+        (recs,) = got.values()
+        ref._process(0, recs)
+    ref.checkpoint(force=True)
+    want = Checkpoint.from_bytes(ref._producer.sent[-1][2])
+    assert ck.next_offset == want.next_offset == 12 and ck.reports == want.reports
+    assert ck.states == want.states
+    assert w._folder is None and w._updater is None  # both threads shut down
+
+
+def test_the_main_thread_polls_again_while_the_previous_poll_is_folded(runtime, records):
+    """The fold of poll 1 cannot finish until poll 2 has been called: with the fold in the main
+    thread this would never happen (the wait times out and the test fails)."""
+    import threading
+
+    second_poll = threading.Event()
+    w = make_worker(runtime, overlap=True)
+    inner = w._process
+    seen = []
+
+    def process(partition, recs):
+        if not seen:
+            seen.append(second_poll.wait(timeout=10))
+        return inner(partition, recs)
+
+    w._process = process
+    consumer = FakeConsumer(_polls(records, [6, 6]), on_poll=lambda k: k == 2 and second_poll.set())
+    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
+    assert seen == [True]
+
+
+def test_a_failed_fold_stops_the_worker_without_a_checkpoint(runtime, records, caplog):
+    w = make_worker(runtime, overlap=True)
+
+    def boom(partition, recs):
+        raise RuntimeError("fold failed")
+
+    w._process = boom
+    with pytest.raises(RuntimeError, match="fold failed"):
+        _run_on(w, FakeConsumer(_polls(records, [2, 2, 2])), max_reports=12 * 7)
+    assert w._producer.sent == []  # offsets moved past records that are in no state
     assert "no final checkpoint" in caplog.text
 
 
