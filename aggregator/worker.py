@@ -18,7 +18,9 @@ with ``next_offset`` (the first offset not yet folded in):
 * every ``checkpoint_interval_s`` seconds or ``checkpoint_reports`` reports, each owned partition's
   :class:`~aggregator.checkpoint.Checkpoint` is published to the state topic (key
   ``"<pipeline>/<partition>"``), the producer is flushed, and **only then** are group offsets
-  committed;
+  committed. In the main loop the publication is a task of the fold thread, after the folds
+  before it (the main thread fetches meanwhile), and the main thread commits the offsets once it
+  is done;
 * on assignment the latest checkpoint of the partition is read from the state topic (to its end)
   and the consumer seeks to its ``next_offset`` (no checkpoint: from the earliest offset; an
   undecodable checkpoint: logged, counted, rebuilt from the earliest offset); on revocation the
@@ -373,7 +375,8 @@ class Worker:
         ``ldp-fold`` thread decodes and doubles one poll at a time and hands its update to the
         ``ldp-update`` thread (one update in flight). States, offsets and checkpoints are
         identical to ``False`` (everything inline, in the main thread): every checkpoint and
-        shutdown first waits for both threads, a revoke for the update in flight. Returning to
+        shutdown first waits for both threads, a revoke for the update in flight; checkpoints
+        that fall due in :meth:`run` are published by the fold thread. Returning to
         ``poll`` at once matters because kafka-python 3.0 sends the next fetch request only when
         ``poll`` is called again if the previous call had to wait for its records; folding in the
         main thread delayed every fetch by the fold's time (docs/benchmarks.md).
@@ -450,7 +453,8 @@ class Worker:
         self._updater: ThreadPoolExecutor | None = None
         self._inflight: deque[Future] = deque()  # guarded by self._lock
         self._folder: ThreadPoolExecutor | None = None
-        self._fold_future: Future | None = None  # the poll being folded (set by the main thread)
+        self._fold_tasks: deque[Future] = deque()  # the fold thread's tasks (main thread only)
+        self._ckpt_pending = False  # one of them is a checkpoint's publication
         self._failure: BaseException | None = None  # a failed update: no checkpoint may follow
 
     # ---------------------------------------------------------------------------------- clients
@@ -763,23 +767,44 @@ class Worker:
         int
             Number of partitions checkpointed.
         """
-        t0 = time.perf_counter()
         self._wait_fold()  # never under self._lock: the fold holds it while it runs
+        published = self._publish_due(force)
+        self._commit(published)
+        return published.partitions
+
+    def _publish_due(self, force: bool = False) -> _Published:
+        """Wait for the update in flight, then publish the checkpoints of the changed (``force``:
+        all) owned partitions and flush; the offsets are committed by :meth:`_commit`. Runs on
+        the main thread (:meth:`checkpoint`) or, in :meth:`run` with ``overlap``, on the fold
+        thread between two polls' folds, so that the main thread goes on fetching meanwhile."""
+        t0 = time.perf_counter()
         with self._lock:
             self._drain()
             parts = [ps for ps in self.owned.values() if force or ps.dirty]
             offsets = self._publish(parts)
             self._since_ckpt_reports = 0
             self._last_ckpt = time.monotonic()
-        if offsets:
+        return _Published(offsets, len(parts), t0)
+
+    def _publish_due_in_background(self) -> _Published | KafkaError:
+        """:meth:`_publish_due` on the fold thread; a broker error is returned (the state stays in
+        memory and the main thread retries later), anything else raised."""
+        try:
+            return self._publish_due()
+        except KafkaError as exc:
+            return exc
+
+    def _commit(self, published: _Published) -> None:
+        """Commit the offsets of published checkpoints (main thread: the consumer is not
+        thread-safe) and record the checkpoint's duration."""
+        if published.offsets:
             # outside the lock: commit runs on the consumer's network loop, which also runs the
             # rebalance callbacks that take the lock
             try:
-                self._consumer.commit(offsets)
+                self._consumer.commit(published.offsets)
             except Exception as exc:  # committed offsets are advisory: positions come from checkpoints
                 log.warning("offset commit failed (%s); checkpoints are already durable", exc)
-            self.metrics.checkpoint_duration.observe(time.perf_counter() - t0)
-        return len(parts)
+            self.metrics.checkpoint_duration.observe(time.perf_counter() - published.started)
 
     # -------------------------------------------------------------------------------- main loop
     def stop(self) -> None:
@@ -864,11 +889,15 @@ class Worker:
                             self._fold_poll(got)
                     else:
                         self._wait_fold()  # one poll folded while the next is fetched
-                        self._fold_future = self._folder.submit(self._fold_poll_locked, got)
+                        self._fold_tasks.append(self._folder.submit(self._fold_poll_locked, got))
                 self._update_lag()
                 due = (self._since_ckpt_reports >= self.checkpoint_reports
                        or time.monotonic() - self._last_ckpt >= self.checkpoint_interval_s)
-                if due:
+                if due and self._folder is not None:
+                    if not self._ckpt_pending:  # published on the fold thread after the fold
+                        self._ckpt_pending = True  # submitted above, committed here later
+                        self._fold_tasks.append(self._folder.submit(self._publish_due_in_background))
+                elif due:
                     try:
                         self.checkpoint()
                     except KafkaError as exc:  # nothing committed: the state stays in memory, retry
@@ -907,11 +936,18 @@ class Worker:
             raise
 
     def _wait_fold(self) -> None:
-        """Wait until the poll handed to the ``ldp-fold`` thread is folded (re-raising its
-        failure); called by the main thread only, never under ``self._lock``."""
-        fut, self._fold_future = self._fold_future, None
-        if fut is not None:
-            fut.result()
+        """Wait until the tasks handed to the ``ldp-fold`` thread are done — a poll's fold
+        (re-raising its failure), a checkpoint's publication (then commit its offsets here);
+        called by the main thread only, never under ``self._lock``."""
+        while self._fold_tasks:
+            out = self._fold_tasks.popleft().result()
+            if isinstance(out, _Published):
+                self._ckpt_pending = False
+                self._commit(out)
+            elif isinstance(out, KafkaError):  # nothing committed: the state stays in memory, retry
+                self._ckpt_pending = False
+                self._broker_trouble("checkpoint", out)
+                self._last_ckpt = time.monotonic()
 
     def _broker_trouble(self, what: str, exc: Exception) -> None:
         """Log a broker error of the main loop (at most every 10 s) and back off for a second."""
@@ -952,6 +988,16 @@ class Worker:
                     f"owned={sorted(self.owned)}, reports={self.processed_reports})")
         except Exception:  # pragma: no cover - repr never raises
             return "Worker(?)"
+
+
+@dataclass(frozen=True)
+class _Published:
+    """Checkpoints published and flushed: the offsets to commit, how many partitions, and when
+    the checkpoint started (``time.perf_counter``)."""
+
+    offsets: dict
+    partitions: int
+    started: float
 
 
 class _Rejected(AggregatorError):

@@ -375,6 +375,83 @@ def test_the_main_thread_polls_again_while_the_previous_poll_is_folded(runtime, 
     assert seen == [True]
 
 
+def test_checkpoints_due_in_run_are_published_off_the_main_thread_and_committed_on_it(runtime, records):
+    """With overlap, a due checkpoint is published by the fold thread while the main thread polls
+    on (the first flush only returns once the main thread has polled after deciding the
+    checkpoint), and its offsets are committed by the main thread (kafka-python's consumer is not
+    thread-safe)."""
+    import threading
+
+    flushes, commit_threads, decided = [], [], []
+
+    class SlowProducer(FakeProducer):
+        def flush(self, timeout=None):
+            if not flushes:  # the first checkpoint, published while the run is going on
+                deadline = time.monotonic() + 10
+                while consumer.calls <= decided[0] and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                flushes.append(consumer.calls > decided[0])
+            flushes.append(threading.current_thread().name)
+
+    class Consumer(FakeConsumer):
+        def commit(self, offsets):
+            commit_threads.append(threading.current_thread().name)
+            super().commit(offsets)
+
+    w = make_worker(runtime, overlap=True, checkpoint_reports=14)  # due after every 2 records
+    w._producer = SlowProducer()
+    consumer = Consumer(_polls(records, [2] * 6))
+    inner_publish = w._publish_due
+
+    def publish(force=False):
+        if not decided:
+            decided.append(-1)  # published on the main thread: nothing to wait for
+        return inner_publish(force)
+
+    w._publish_due = publish
+    inner_start = w._start_threads
+
+    def start_threads():
+        inner_start()
+        submit = w._folder.submit
+
+        def tracked(fn, *a):
+            if fn == w._publish_due_in_background and not decided:
+                decided.append(consumer.calls)  # polls made when the checkpoint was decided
+            return submit(fn, *a)
+
+        w._folder.submit = tracked
+
+    w._start_threads = start_threads
+    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
+    assert decided[0] >= 0 and flushes[0] is True
+    assert flushes[1].startswith("ldp-fold")
+    assert commit_threads and set(commit_threads) == {"MainThread"}
+    assert [c[next(iter(c))].offset for c in consumer.commits][-1] == 12
+    # the published states equal an inline fold of the same polls
+    ref = make_worker(runtime)
+    ref._consumer = FakeConsumer([])
+    for got in _polls(records, [2] * 6):
+        (recs,) = got.values()
+        ref._process(0, recs)
+    ref.checkpoint(force=True)
+    assert Checkpoint.from_bytes(w._producer.sent[-1][2]).states == \
+        Checkpoint.from_bytes(ref._producer.sent[-1][2]).states
+
+
+def test_a_broker_error_while_publishing_in_the_background_is_retried(runtime, records, caplog):
+    from kafka.errors import KafkaTimeoutError
+
+    w = make_worker(runtime, overlap=True, checkpoint_reports=14)
+    w._producer = FakeProducer(error=KafkaTimeoutError("broker away"))
+    w._broker_trouble = lambda what, exc: w._producer.__setattr__("error", None)  # broker back
+    consumer = FakeConsumer(_polls(records, [2] * 6))
+    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
+    assert w._failure is None
+    assert Checkpoint.from_bytes(w._producer.sent[-1][2]).next_offset == 12
+    assert consumer.commits  # committed once the broker was back
+
+
 def test_a_failed_fold_stops_the_worker_without_a_checkpoint(runtime, records, caplog):
     w = make_worker(runtime, overlap=True)
 
