@@ -9,8 +9,9 @@ with ``next_offset`` (the first offset not yet folded in):
   ``coalesce=False`` one by one), ``X̃₂ = X̃₁ + S′`` (``zil.double``'s distribution, draws from
   ``aggregator.state.doubling_draws``) is drawn for each record's rows — seeded by the record
   bytes, so a replay is bit-identical — and all query states are updated with the batch. The
-  main thread only polls: each poll is folded (decoded, doubled, offsets moved) on the
-  ``ldp-fold`` thread while the main thread fetches the next one, and its state updates run on
+  main thread polls: each poll is folded (decoded, doubled, offsets moved) on the ``ldp-fold``
+  thread while the main thread fetches the next one (a poll capped at ``max_poll_records`` is
+  folded in the main thread: the next one is already buffered), and its state updates run on
   the ``ldp-update`` thread (one update in flight) while the fold thread takes the next poll;
 * undecodable records go to the dead-letter topic (value = original bytes, headers ``reason``,
   ``source_topic``, ``source_partition``, ``source_offset``) and are counted by reason; the worker
@@ -78,6 +79,7 @@ log = logging.getLogger(__name__)
 #: cost falls from 2.7 (500 per poll) to 1.0 µs per record (5000). Large records are capped
 #: by kafka-python's fetch size (1 MiB per partition) long before.
 DEFAULT_MAX_POLL_RECORDS = 5000
+
 
 
 class PipelineRuntime:
@@ -376,7 +378,10 @@ class Worker:
         ``ldp-update`` thread (one update in flight). States, offsets and checkpoints are
         identical to ``False`` (everything inline, in the main thread): every checkpoint and
         shutdown first waits for both threads, a revoke for the update in flight; checkpoints
-        that fall due in :meth:`run` are published by the fold thread. Returning to
+        that fall due in :meth:`run` are published by the fold thread. A poll that returned
+        ``max_poll_records`` records is folded in the main thread: kafka-python still holds
+        records, so the next poll does not wait for the network, and many small records would
+        otherwise cost GIL hand-offs between the two threads. Returning to
         ``poll`` at once matters because kafka-python 3.0 sends the next fetch request only when
         ``poll`` is called again if the previous call had to wait for its records; folding in the
         main thread delayed every fetch by the fold's time (docs/benchmarks.md).
@@ -732,27 +737,39 @@ class Worker:
         Only the producer (a separate client) is used, so this is safe inside the rebalance
         callback and under ``self._lock``.
         """
+        return self._settle(self._send(parts))
+
+    def _send(self, parts: list[PartitionState]) -> list[tuple]:
+        """Send the checkpoints of ``parts`` (the caller holds ``self._lock``); returns
+        ``[(partition state, its next_offset as sent, send future)]`` for :meth:`_settle`."""
+        if parts and self._failure is not None:
+            raise AggregatorError(f"a state update failed ({self._failure!r}); no checkpoint is published "
+                                  "after it") from self._failure
+        sent = []
+        for ps in parts:
+            ck = ps.to_checkpoint(self.runtime)
+            sent.append((ps, ck.next_offset,
+                         self._producer.send(self.state_topic, key=ck.key, value=ck.to_bytes())))
+        return sent
+
+    def _settle(self, sent: list[tuple]) -> dict:
+        """Flush the checkpoints :meth:`_send` sent and wait for each (lock not needed: only the
+        producer is used); returns the offsets to commit."""
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
-        if not parts:
+        if not sent:
             return {}
-        if self._failure is not None:
-            raise AggregatorError(f"a state update failed ({self._failure!r}); no checkpoint is published "
-                                  "after it") from self._failure
-        futures = []
-        for ps in parts:
-            ck = ps.to_checkpoint(self.runtime)
-            futures.append(self._producer.send(self.state_topic, key=ck.key, value=ck.to_bytes()))
         self._producer.flush(timeout=30)
-        for f in futures:  # flush() does not raise for a failed record: its future does
+        for _, _, f in sent:  # flush() does not raise for a failed record: its future does
             f.get(timeout=1)
         # the state is durable: only now may the group offsets move
-        for ps in parts:
-            ps.dirty = False
-        self.metrics.checkpoints.inc(len(parts))
-        return {TopicPartition(self.reports_topic, ps.partition): OffsetAndMetadata(ps.next_offset, "", -1)
-                for ps in parts}
+        for ps, offset, _ in sent:
+            if ps.next_offset == offset:  # nothing folded in since it was sent
+                ps.dirty = False
+        self.metrics.checkpoints.inc(len(sent))
+        return {TopicPartition(self.reports_topic, ps.partition): OffsetAndMetadata(offset, "", -1)
+                for ps, offset, _ in sent}
 
     def checkpoint(self, force: bool = False) -> int:
         """Publish the checkpoints of owned partitions, flush, then commit their offsets.
@@ -774,17 +791,21 @@ class Worker:
 
     def _publish_due(self, force: bool = False) -> _Published:
         """Wait for the update in flight, then publish the checkpoints of the changed (``force``:
-        all) owned partitions and flush; the offsets are committed by :meth:`_commit`. Runs on
+        all) owned partitions and flush (outside ``self._lock``); the offsets are committed by
+        :meth:`_commit`. Runs on
         the main thread (:meth:`checkpoint`) or, in :meth:`run` with ``overlap``, on the fold
         thread between two polls' folds, so that the main thread goes on fetching meanwhile."""
         t0 = time.perf_counter()
         with self._lock:
             self._drain()
-            parts = [ps for ps in self.owned.values() if force or ps.dirty]
-            offsets = self._publish(parts)
-            self._since_ckpt_reports = 0
-            self._last_ckpt = time.monotonic()
-        return _Published(offsets, len(parts), t0)
+            sent = self._send([ps for ps in self.owned.values() if force or ps.dirty])
+        # the flush outside the lock: a rebalance callback waiting for it would hold up
+        # kafka-python's network loop (heartbeats); a revoke's own checkpoint of the same partition
+        # goes through the same producer after these records and is flushed by the callback
+        offsets = self._settle(sent)
+        self._since_ckpt_reports = 0
+        self._last_ckpt = time.monotonic()
+        return _Published(offsets, len(sent), t0, time.perf_counter())
 
     def _publish_due_in_background(self) -> _Published | KafkaError:
         """:meth:`_publish_due` on the fold thread; a broker error is returned (the state stays in
@@ -800,11 +821,14 @@ class Worker:
         if published.offsets:
             # outside the lock: commit runs on the consumer's network loop, which also runs the
             # rebalance callbacks that take the lock
+            t0 = time.perf_counter()
             try:
                 self._consumer.commit(published.offsets)
             except Exception as exc:  # committed offsets are advisory: positions come from checkpoints
                 log.warning("offset commit failed (%s); checkpoints are already durable", exc)
-            self.metrics.checkpoint_duration.observe(time.perf_counter() - published.started)
+            # publish + commit, without the wait between them (the fold thread's queue)
+            self.metrics.checkpoint_duration.observe(published.published - published.started
+                                                     + time.perf_counter() - t0)
 
     # -------------------------------------------------------------------------------- main loop
     def stop(self) -> None:
@@ -848,7 +872,9 @@ class Worker:
         Parameters
         ----------
         max_reports : int or None
-            Stop once this process has folded in at least this many reports (≥ 1).
+            Stop once this process has folded in at least this many reports (≥ 1). With
+            ``overlap`` the count is read while the last poll may still be folded, so up to one
+            more poll can be folded in before the loop stops.
         exit_when_idle : float or None
             Stop once caught up (every owned partition at its high watermark) and no record has
             arrived for this many seconds (> 0).
@@ -882,11 +908,18 @@ class Worker:
                 except KafkaError as exc:  # broker gone or restarting: keep the state, retry
                     self._broker_trouble("poll", exc)
                     continue
-                if any(tp.topic == self.reports_topic and recs for tp, recs in got.items()):
+                self._collect_fold(block=False)
+                n_got = sum(len(recs) for tp, recs in got.items() if tp.topic == self.reports_topic)
+                if n_got:
                     self._last_data = time.monotonic()
                     if self._folder is None:
-                        with self._lock:
-                            self._fold_poll(got)
+                        self._fold_poll_locked(got)
+                    elif n_got >= self.max_poll_records:
+                        # a poll capped at max_records leaves records buffered in kafka-python: the
+                        # next poll does not wait for the network, so folding here costs no fetch
+                        # time and saves the GIL hand-offs of the fold thread (many small records)
+                        self._wait_fold()
+                        self._fold_poll_locked(got)
                     else:
                         self._wait_fold()  # one poll folded while the next is fetched
                         self._fold_tasks.append(self._folder.submit(self._fold_poll_locked, got))
@@ -925,21 +958,27 @@ class Worker:
                 self.processed_records += len(recs)
 
     def _fold_poll_locked(self, got: Mapping) -> None:
-        """:meth:`_fold_poll` on the ``ldp-fold`` thread. A failure stops checkpoints as a failed
-        update does: offsets may already have moved past records that are not in the states."""
-        try:
-            with self._lock:
+        """:meth:`_fold_poll` under ``self._lock`` (on the ``ldp-fold`` thread, or inline without
+        overlap). A failure stops checkpoints as a failed update does: offsets may already have
+        moved past records that are not in the states."""
+        with self._lock:  # the failure is recorded before a rebalance callback can publish
+            try:
                 self._fold_poll(got)
-        except BaseException as exc:
-            if self._failure is None:
-                self._failure = exc
-            raise
+            except BaseException as exc:
+                if self._failure is None:
+                    self._failure = exc
+                raise
 
     def _wait_fold(self) -> None:
         """Wait until the tasks handed to the ``ldp-fold`` thread are done — a poll's fold
         (re-raising its failure), a checkpoint's publication (then commit its offsets here);
         called by the main thread only, never under ``self._lock``."""
-        while self._fold_tasks:
+        self._collect_fold(block=True)
+
+    def _collect_fold(self, block: bool) -> None:
+        """Handle the fold thread's tasks in order: all of them (``block``), or those already done
+        (each turn of the main loop, so that an idle worker still commits and retries)."""
+        while self._fold_tasks and (block or self._fold_tasks[0].done()):
             out = self._fold_tasks.popleft().result()
             if isinstance(out, _Published):
                 self._ckpt_pending = False
@@ -993,11 +1032,12 @@ class Worker:
 @dataclass(frozen=True)
 class _Published:
     """Checkpoints published and flushed: the offsets to commit, how many partitions, and when
-    the checkpoint started (``time.perf_counter``)."""
+    publishing started and ended (``time.perf_counter``)."""
 
     offsets: dict
     partitions: int
     started: float
+    published: float
 
 
 class _Rejected(AggregatorError):

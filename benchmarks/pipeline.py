@@ -273,7 +273,8 @@ def worker_process(ns) -> int:
         return call
 
     # each query state's update on the update thread (wall − CPU = waiting), decode and doubling
-    # on the fold thread (the main thread when the worker runs without overlap), poll on the main
+    # on the thread that folds (ldp-fold; the main thread for polls capped at max_poll_records or
+    # without overlap), poll on the main
     per_query: dict = {}
     main_steps: dict = {}
     fold_steps: dict = {}
@@ -374,7 +375,7 @@ def worker_process(ns) -> int:
     info["reports"] = w.processed_reports
     info["update_thread"] = {**upd, "per_query": per_query}
     info["main_thread"] = main_steps
-    info["fold_thread"] = fold_steps
+    info["fold"] = fold_steps
     info["checkpoint"] = ckpt
     info["records"] = w.processed_records
     info["partitions"] = sorted(info["partitions"])
@@ -591,7 +592,7 @@ def section_consume(
                 "update_thread": wk.get("update_thread"),
                 "checkpoint": wk.get("checkpoint"),
                 "main_thread": wk.get("main_thread"),
-                "fold_thread": wk.get("fold_thread"),
+                "fold": wk.get("fold"),
                 "raw_poll": raw.get("poll"),
                 "malloc_trim_threshold_mib": trim,
                 "raw_minor_faults": raw.get("minflt"),
@@ -1188,7 +1189,7 @@ def print_tables(r: dict) -> None:
                         x["worker_wall_s"],
                         cpu(x, "worker", "MainThread"),
                         cpu(x, "worker", "ldp-fold"),
-                        sum((x.get("fold_thread") or {}).get(k, {}).get("cpu_s", 0.0)
+                        sum((x.get("fold") or {}).get(k, {}).get("cpu_s", 0.0)
                             for k in ("decode", "doubling")),
                         cpu(x, "worker", "kafka-io"),
                         cpu(x, "worker", "ldp-update"),

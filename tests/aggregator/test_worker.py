@@ -452,6 +452,79 @@ def test_a_broker_error_while_publishing_in_the_background_is_retried(runtime, r
     assert consumer.commits  # committed once the broker was back
 
 
+def test_a_poll_capped_at_max_poll_records_is_folded_in_the_main_thread(runtime, records):
+    """kafka-python still holds records after a capped poll, so the worker folds it inline; a
+    poll below the cap goes to the fold thread."""
+    import threading
+
+    w = make_worker(runtime, overlap=True, max_poll_records=4)
+    inner, threads = w._process, []
+
+    def process(partition, recs):
+        threads.append((len(recs), threading.current_thread().name))
+        return inner(partition, recs)
+
+    w._process = process
+    assert _run_on(w, FakeConsumer(_polls(records, [4, 3, 4, 1])), max_reports=12 * 7) == 12 * 7
+    assert [n for n, _ in threads] == [4, 3, 4, 1]
+    assert [name == "MainThread" for _, name in threads] == [True, False, True, False]
+    assert all(name.startswith("ldp-fold") for n, name in threads if n < 4)
+
+
+def test_a_failed_fold_is_recorded_before_the_lock_is_released(runtime, records):
+    """A rebalance callback waits for the lock the fold holds; when it gets it, the failure must
+    already be recorded, or its checkpoint would skip records that are in no state."""
+    import threading
+
+    w = make_worker(runtime, overlap=True)
+    failure_at_release = []
+
+    class Lock:
+        def __init__(self):
+            self.inner = threading.RLock()
+
+        def __enter__(self):
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            failure_at_release.append(w._failure is not None)
+            return self.inner.__exit__(*exc)
+
+    w._lock = Lock()
+
+    def boom(partition, recs):
+        w.owned[0].next_offset += len(recs)  # offsets moved, then the fold fails
+        raise RuntimeError("fold failed")
+
+    w._process = boom
+    with pytest.raises(RuntimeError, match="fold failed"):
+        w._fold_poll_locked(_polls(records, [2])[0])
+    assert failure_at_release == [True]
+    w._on_revoked([next(iter(_polls(records, [1])[0]))])  # the callback that got the lock next
+    assert w._producer.sent == []
+
+
+def test_an_idle_worker_commits_a_checkpoint_published_in_the_background(runtime, records):
+    """The offsets of a checkpoint published on the fold thread are committed although no further
+    record arrives (the main loop collects finished fold-thread tasks on every turn)."""
+    import threading
+
+    w = make_worker(runtime, overlap=True, checkpoint_reports=28)  # due once 4 records are in
+    consumer = FakeConsumer(_polls(records, [2, 2]))
+    t = threading.Thread(target=_run_on, args=(w, consumer, None))
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not consumer.commits and time.monotonic() < deadline:
+            time.sleep(0.01)
+        committed_while_running = bool(consumer.commits)
+    finally:
+        w.stop()
+        t.join(timeout=30)
+    assert committed_while_running
+    assert consumer.commits[0][next(iter(consumer.commits[0]))].offset == 4
+
+
 def test_a_failed_fold_stops_the_worker_without_a_checkpoint(runtime, records, caplog):
     w = make_worker(runtime, overlap=True)
 
