@@ -792,9 +792,9 @@ class Worker:
     def _publish_due(self, force: bool = False) -> _Published:
         """Wait for the update in flight, then publish the checkpoints of the changed (``force``:
         all) owned partitions and flush (outside ``self._lock``); the offsets are committed by
-        :meth:`_commit`. Runs on
-        the main thread (:meth:`checkpoint`) or, in :meth:`run` with ``overlap``, on the fold
-        thread between two polls' folds, so that the main thread goes on fetching meanwhile."""
+        :meth:`_commit`. Runs on the main thread (:meth:`checkpoint`, and :meth:`run` without
+        ``overlap``) or, in :meth:`run` with ``overlap``, on the fold thread between two polls'
+        folds, so that the main thread goes on fetching meanwhile."""
         t0 = time.perf_counter()
         with self._lock:
             self._drain()
@@ -807,9 +807,10 @@ class Worker:
         self._last_ckpt = time.monotonic()
         return _Published(offsets, len(sent), t0, time.perf_counter())
 
-    def _publish_due_in_background(self) -> _Published | KafkaError:
-        """:meth:`_publish_due` on the fold thread; a broker error is returned (the state stays in
-        memory and the main thread retries later), anything else raised."""
+    def _publish_due_or_broker_error(self) -> _Published | KafkaError:
+        """:meth:`_publish_due` for :meth:`run`; a broker error is returned for
+        :meth:`_published` (the state stays in memory and is published later), anything else
+        raised."""
         try:
             return self._publish_due()
         except KafkaError as exc:
@@ -926,16 +927,11 @@ class Worker:
                 self._update_lag()
                 due = (self._since_ckpt_reports >= self.checkpoint_reports
                        or time.monotonic() - self._last_ckpt >= self.checkpoint_interval_s)
-                if due and self._folder is not None:
-                    if not self._ckpt_pending:  # published on the fold thread after the fold
-                        self._ckpt_pending = True  # submitted above, committed here later
-                        self._fold_tasks.append(self._folder.submit(self._publish_due_in_background))
-                elif due:
-                    try:
-                        self.checkpoint()
-                    except KafkaError as exc:  # nothing committed: the state stays in memory, retry
-                        self._broker_trouble("checkpoint", exc)
-                        self._last_ckpt = time.monotonic()
+                if due and self._folder is None:
+                    self._published(self._publish_due_or_broker_error())
+                elif due and not self._ckpt_pending:  # on the fold thread after the fold above,
+                    self._ckpt_pending = True  # committed here once done (_collect_fold)
+                    self._fold_tasks.append(self._folder.submit(self._publish_due_or_broker_error))
                 if max_reports is not None and self.processed_reports >= max_reports:
                     log.info("processed %d reports (max %d): stopping", self.processed_reports, max_reports)
                     break
@@ -980,13 +976,19 @@ class Worker:
         (each turn of the main loop, so that an idle worker still commits and retries)."""
         while self._fold_tasks and (block or self._fold_tasks[0].done()):
             out = self._fold_tasks.popleft().result()
-            if isinstance(out, _Published):
-                self._ckpt_pending = False
-                self._commit(out)
-            elif isinstance(out, KafkaError):  # nothing committed: the state stays in memory, retry
-                self._ckpt_pending = False
-                self._broker_trouble("checkpoint", out)
-                self._last_ckpt = time.monotonic()
+            if out is not None:  # a checkpoint's publication (a fold returns None)
+                self._published(out)
+
+    def _published(self, out: _Published | KafkaError) -> None:
+        """Main thread, after :meth:`_publish_due_or_broker_error`: commit the offsets, or back
+        off after a broker error (nothing committed: the state stays in memory, retried once the
+        next checkpoint falls due)."""
+        self._ckpt_pending = False
+        if isinstance(out, KafkaError):
+            self._broker_trouble("checkpoint", out)
+            self._last_ckpt = time.monotonic()
+        else:
+            self._commit(out)
 
     def _broker_trouble(self, what: str, exc: Exception) -> None:
         """Log a broker error of the main loop (at most every 10 s) and back off for a second."""
