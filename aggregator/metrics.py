@@ -257,4 +257,4 @@ def start_metrics_server(registry: CollectorRegistry, port: int, host: str = "12
         return start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
-                          "(each worker needs its own --metrics-port; 0 picks a free one)") from None
+                          "(each worker needs its own --metrics-port)") from None

@@ -64,7 +64,8 @@ def test_missing_config_file_exit_2(tmp_path, capsys):
     assert "nope.toml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["--max-reports", "0"], ["--exit-when-idle", "-1"]])
+@pytest.mark.parametrize("args", [["--max-reports", "0"], ["--exit-when-idle", "-1"], ["--group-id", ""],
+                                  ["--group-id", "  "]])
 def test_bad_arguments_exit_2(tmp_path, capsys, args):
     path = tmp_path / "ok.toml"
     path.write_text(BASE)
