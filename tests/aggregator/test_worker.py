@@ -334,6 +334,18 @@ def _polls(records, sizes):
     return out
 
 
+def _inline_checkpoint(runtime, records, sizes):
+    """The checkpoint of a worker without threads that folds the polls of ``_polls(records,
+    sizes)`` one by one in the calling thread (the reference for the threaded runs)."""
+    ref = make_worker(runtime)
+    ref._consumer = FakeConsumer([])
+    for got in _polls(records, sizes):
+        (recs,) = got.values()
+        ref._process(0, recs)
+    ref.checkpoint(force=True)
+    return Checkpoint.from_bytes(ref._producer.sent[-1][2])
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_run_folds_every_poll_and_the_final_checkpoint_holds_them(runtime, records, overlap):
     """run() with the fold and update threads (overlap) ends with the same states, offsets and
@@ -342,13 +354,7 @@ def test_run_folds_every_poll_and_the_final_checkpoint_holds_them(runtime, recor
     n = _run_on(w, FakeConsumer(_polls(records, [3, 4, 5])), max_reports=12 * 7)
     assert n == w.processed_reports == 12 * 7 and w.processed_records == 12
     ck = Checkpoint.from_bytes(w._producer.sent[-1][2])
-    ref = make_worker(runtime)  # the same polls, folded inline one by one
-    ref._consumer = FakeConsumer([])
-    for got in _polls(records, [3, 4, 5]):
-        (recs,) = got.values()
-        ref._process(0, recs)
-    ref.checkpoint(force=True)
-    want = Checkpoint.from_bytes(ref._producer.sent[-1][2])
+    want = _inline_checkpoint(runtime, records, [3, 4, 5])
     assert ck.next_offset == want.next_offset == 12 and ck.reports == want.reports
     assert ck.states == want.states
     assert w._folder is None and w._updater is None  # both threads shut down
@@ -429,14 +435,8 @@ def test_checkpoints_due_in_run_are_published_off_the_main_thread_and_committed_
     assert commit_threads and set(commit_threads) == {"MainThread"}
     assert [c[next(iter(c))].offset for c in consumer.commits][-1] == 12
     # the published states equal an inline fold of the same polls
-    ref = make_worker(runtime)
-    ref._consumer = FakeConsumer([])
-    for got in _polls(records, [2] * 6):
-        (recs,) = got.values()
-        ref._process(0, recs)
-    ref.checkpoint(force=True)
     assert Checkpoint.from_bytes(w._producer.sent[-1][2]).states == \
-        Checkpoint.from_bytes(ref._producer.sent[-1][2]).states
+        _inline_checkpoint(runtime, records, [2] * 6).states
 
 
 def test_a_broker_error_while_publishing_in_the_background_is_retried(runtime, records, caplog):
