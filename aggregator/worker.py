@@ -26,7 +26,8 @@ with ``next_offset`` (the first offset not yet folded in):
   and the consumer seeks to its ``next_offset`` (no checkpoint: from the earliest offset; an
   undecodable checkpoint: logged, counted, rebuilt from the earliest offset); on revocation the
   partition is checkpointed; on loss it is dropped;
-* :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``;
+* :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``
+  (without ``LeaveGroup`` if the worker was never assigned partitions: docs/kafka.md);
 * every checkpoint and shutdown first waits for the poll being folded and the update in flight, a
   revocation for the update in flight (a poll folded after it finds its partition gone and drops
   the records: the next owner fetches them again); a failed fold or update stops the worker
@@ -56,6 +57,7 @@ from aggregator.errors import AggregatorError, ConfigError
 from aggregator.metrics import WorkerMetrics
 from ingest.batch import ReportBatch, concat_batches, slice_batch
 from ingest.errors import DecodeError
+from ingest.kafka import close_without_leaving
 
 __all__ = [
     "PartitionState",
@@ -449,6 +451,7 @@ class Worker:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._closing = False
+        self._joined = False  # an assignment callback ran (the group join completed once)
         self._since_ckpt_reports = 0
         self._last_ckpt = time.monotonic()
         self._last_data = time.monotonic()
@@ -511,6 +514,7 @@ class Worker:
     def _on_assigned(self, assigned) -> None:
         tps = [tp for tp in assigned if tp.topic == self.reports_topic]
         with self._lock:
+            self._joined = True
             self.metrics.rebalances.inc()
             if tps:
                 self._consumer.pause(*tps)
@@ -1017,7 +1021,12 @@ class Worker:
         for client in (self._consumer, self._producer):
             if client is not None:
                 try:
-                    client.close()
+                    if client is self._consumer and not self._joined:
+                        # stopped during its first join: leave by disconnecting (docs/kafka.md)
+                        log.info("never assigned partitions: closing without LeaveGroup")
+                        close_without_leaving(client)
+                    else:
+                        client.close()
                 except Exception:
                     log.debug("closing client failed", exc_info=True)
         if self._reader is not None:

@@ -552,3 +552,40 @@ def test_runtime_without_batched_hooks_decodes_and_doubles_record_by_record(runt
     x_fast, x_plain = runtime.double_many(b1, good, counts), plain.double_many(b2, good, counts)
     np.testing.assert_array_equal(x_fast, x_plain)
     assert not np.array_equal(x_fast[:7], x_fast[7:14])  # each record has its own seed
+
+
+class _Coordinator:
+    def __init__(self):
+        self.resets = 0
+
+    def reset_generation(self):
+        self.resets += 1
+
+
+class _GroupConsumer(FakeConsumer):
+    def __init__(self):
+        super().__init__([])
+        self._coordinator = _Coordinator()
+        self.closed = []
+
+    def close(self, autocommit=True, timeout_ms=None):
+        self.closed.append(autocommit)
+
+
+@pytest.mark.parametrize("assigned", [False, True])
+def test_a_worker_never_assigned_closes_without_leave_group(runtime, assigned):
+    """Stopped before any assignment (during its first join), the worker clears the consumer's
+    generation so that ``close`` sends no LeaveGroup (docs/kafka.md); once assigned, it closes
+    normally."""
+    from kafka import TopicPartition
+
+    w = make_worker(runtime)
+    w.owned.clear()
+    consumer = _GroupConsumer()
+    w._consumer = consumer
+    consumer.pause = lambda *tps: None
+    if assigned:
+        w._on_assigned([TopicPartition("reports", 0)])
+    w._shutdown()
+    assert consumer._coordinator.resets == (0 if assigned else 1)
+    assert consumer.closed == ([True] if assigned else [False])

@@ -135,3 +135,29 @@ def test_transport_protocol():
         KafkaPythonTransport("h:1", linger_s=-1)
     with pytest.raises(ConfigError, match="delivery_timeout_s"):
         KafkaPythonTransport("h:1", delivery_timeout_s=0)
+
+
+def test_close_without_leaving_clears_the_generation_first():
+    from ingest.kafka import close_without_leaving
+
+    calls = []
+
+    class Coordinator:
+        def reset_generation(self):
+            calls.append("reset")
+
+    class Consumer:
+        _coordinator = Coordinator()
+
+        def close(self, autocommit=True):
+            calls.append(("close", autocommit))
+
+    assert close_without_leaving(Consumer()) is True
+    assert calls == ["reset", ("close", False)]
+
+    class Bare:  # no coordinator attribute: a normal close, reported as such
+        def close(self, autocommit=True):
+            calls.append(("bare", autocommit))
+
+    assert close_without_leaving(Bare()) is False
+    assert calls[-1] == ("bare", False)

@@ -144,3 +144,33 @@ def test_second_worker_joins_and_leaves_mid_stream(tmp_path, bootstrap_servers, 
         got, ref = merged[name].estimate(), st.estimate()
         np.testing.assert_allclose(got.value, ref.value, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(got.stderr, ref.stderr, rtol=1e-9, atol=1e-12)
+
+
+def test_sigterm_during_the_first_join_leaves_the_group_usable(tmp_path, bootstrap_servers, topic_name):
+    """A worker stopped during its first group join (SIGTERM right after the broker handed it a
+    member id) leaves by disconnecting, so a worker started after it gets every partition. With a
+    ``LeaveGroup`` at that moment, Tansu kept the group in rebalance for good (docs/kafka.md)."""
+    cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
+    cfg = PipelineConfig.load(cfg_path)
+    ps.create_topics(bootstrap_servers, cfg)
+    log = tmp_path / "first.log"
+    a = ps.start_worker(cfg_path, log_path=log)
+    b = None
+    try:
+        deadline = time.monotonic() + 60
+        while "Received member id" not in log.read_text():
+            assert a.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        assert ps.kill(a, signal.SIGTERM, timeout=30) == 0, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "never assigned partitions: closing without LeaveGroup" in text, text[-3000:]
+        assert "Leaving consumer group" not in text
+        from ingest.broker import free_port
+
+        port = free_port()
+        b = ps.start_worker(cfg_path, "--metrics-port", str(port), log_path=tmp_path / "second.log")
+        _wait_metric(port, "ldp_owned_partitions", 2, 60, b)
+    finally:
+        ps.kill(a)
+        if b is not None:
+            ps.kill(b)
