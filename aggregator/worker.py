@@ -27,7 +27,7 @@ with ``next_offset`` (the first offset not yet folded in):
   undecodable checkpoint: logged, counted, rebuilt from the earliest offset); on revocation the
   partition is checkpointed; on loss it is dropped;
 * :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``
-  (without ``LeaveGroup`` if the worker was never assigned partitions: docs/kafka.md);
+  (without ``LeaveGroup`` when stopped during a group join: docs/kafka.md);
 * every checkpoint and shutdown first waits for the poll being folded and the update in flight, a
   revocation for the update in flight (a poll folded after it finds its partition gone and drops
   the records: the next owner fetches them again); a failed fold or update stops the worker
@@ -451,7 +451,9 @@ class Worker:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._closing = False
-        self._joined = False  # an assignment callback ran (the group join completed once)
+        # an assignment is in force: set when a join completes (assigned), cleared when one starts
+        # (revoked, lost) — a close in between sends no LeaveGroup (docs/kafka.md)
+        self._stable = False
         self._since_ckpt_reports = 0
         self._last_ckpt = time.monotonic()
         self._last_data = time.monotonic()
@@ -514,7 +516,7 @@ class Worker:
     def _on_assigned(self, assigned) -> None:
         tps = [tp for tp in assigned if tp.topic == self.reports_topic]
         with self._lock:
-            self._joined = True
+            self._stable = True
             self.metrics.rebalances.inc()
             if tps:
                 self._consumer.pause(*tps)
@@ -523,6 +525,7 @@ class Worker:
 
     def _on_revoked(self, revoked) -> None:
         with self._lock:
+            self._stable = False  # a (re)join starts
             self.metrics.rebalances.inc()
             parts = [tp.partition for tp in revoked if tp.topic == self.reports_topic]
             self._pending.difference_update(revoked)
@@ -543,6 +546,7 @@ class Worker:
 
     def _on_lost(self, lost) -> None:
         with self._lock:
+            self._stable = False
             self.metrics.rebalances.inc()
             self._pending.difference_update(lost)
             for tp in lost:
@@ -1021,9 +1025,9 @@ class Worker:
         for client in (self._consumer, self._producer):
             if client is not None:
                 try:
-                    if client is self._consumer and not self._joined:
-                        # stopped during its first join: leave by disconnecting (docs/kafka.md)
-                        log.info("never assigned partitions: closing without LeaveGroup")
+                    if client is self._consumer and not self._stable:
+                        # stopped during a group join: leave by disconnecting (docs/kafka.md)
+                        log.info("stopped during a group join: closing without LeaveGroup")
                         close_without_leaving(client)
                     else:
                         client.close()

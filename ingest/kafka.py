@@ -11,8 +11,8 @@ settings (TLS, SASL) and the Tansu quirks of DESIGN §6 are handled in one place
 * :func:`high_watermarks` — end offsets that honour Tansu's short ``end_offsets()``.
 * :class:`Transport` — what :class:`ingest.producer.ReportProducer` needs from a client library;
   :class:`KafkaPythonTransport` is the default implementation.
-* :func:`close_without_leaving` — close a group consumer that never got an assignment without
-  sending ``LeaveGroup`` (a leave during the first join wedges the group on Tansu).
+* :func:`close_without_leaving` — close a group consumer without sending ``LeaveGroup`` (a leave
+  while the member's join is pending wedges the group on Tansu).
 * :func:`keep_freed_memory` — glibc ``malloc`` settings that stop a consumer from returning each
   fetch response's memory to the kernel (and page-faulting it back in for the next one).
 """
@@ -484,16 +484,16 @@ def high_watermarks(consumer: Any, partitions: Iterable[Any] | None = None, *,
 
 
 def close_without_leaving(consumer: Any) -> bool:
-    """Close a group consumer without sending ``LeaveGroup``; for a member that never completed a
-    join (it was never assigned partitions).
+    """Close a group consumer without sending ``LeaveGroup``; for a member stopped during a group
+    join (its first, or a rejoin after its partitions were revoked).
 
-    On Tansu 0.6.0 a ``LeaveGroup`` sent while the member's first ``JoinGroup`` is still pending
-    leaves the group looping in ``SyncGroup … coordinator rebalance`` for good: every later member
-    of that group stays without partitions (docs/kafka.md, "A group left during its first join").
-    A member that just disconnects is dropped by the broker after ``session_timeout_ms``, as after
-    a crash, and the group recovers. On Apache Kafka the only cost is that other members joining
-    at that moment wait up to ``session_timeout_ms`` for the departed member; it held no
-    partitions, so nothing else changes.
+    On Tansu 0.6.0 a ``LeaveGroup`` sent while the member's ``JoinGroup`` is pending leaves the
+    group looping in ``SyncGroup … coordinator rebalance`` for good: every other member of that
+    group stays without partitions (docs/kafka.md, "A group left during a join"). A member that
+    just disconnects is dropped by the broker after ``session_timeout_ms``, as after a crash, and
+    the group recovers. On Apache Kafka the cost is that the rebalance waits up to
+    ``session_timeout_ms`` longer for the departed member; it owned no partitions (they were
+    revoked), so nothing else changes.
 
     kafka-python 3.0's ``close()`` has no option to skip the leave. It skips it for a member whose
     generation has no member id, so this clears the coordinator's generation

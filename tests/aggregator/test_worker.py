@@ -572,11 +572,16 @@ class _GroupConsumer(FakeConsumer):
         self.closed.append(autocommit)
 
 
-@pytest.mark.parametrize("assigned", [False, True])
-def test_a_worker_never_assigned_closes_without_leave_group(runtime, assigned):
-    """Stopped before any assignment (during its first join), the worker clears the consumer's
-    generation so that ``close`` sends no LeaveGroup (docs/kafka.md); once assigned, it closes
-    normally."""
+@pytest.mark.parametrize("events, leaves", [
+    ((), False),  # stopped during the first join
+    (("revoked", "assigned"), True),  # an assignment in force
+    (("revoked", "assigned", "revoked"), False),  # stopped during a rejoin
+    (("revoked", "assigned", "lost"), False),
+])
+def test_a_worker_stopped_during_a_join_closes_without_leave_group(runtime, events, leaves):
+    """Stopped between a rebalance's start (revoke/lost callback, or before the first join) and
+    its assignment, the worker clears the consumer's generation so that ``close`` sends no
+    LeaveGroup (docs/kafka.md); with an assignment in force it closes normally."""
     from kafka import TopicPartition
 
     w = make_worker(runtime)
@@ -584,8 +589,11 @@ def test_a_worker_never_assigned_closes_without_leave_group(runtime, assigned):
     consumer = _GroupConsumer()
     w._consumer = consumer
     consumer.pause = lambda *tps: None
-    if assigned:
-        w._on_assigned([TopicPartition("reports", 0)])
+    tp = TopicPartition("reports", 0)
+    for ev in events:
+        {"assigned": w._on_assigned, "revoked": w._on_revoked, "lost": w._on_lost}[ev]([tp])
+        if ev == "assigned":
+            w._pending.clear()
     w._shutdown()
-    assert consumer._coordinator.resets == (0 if assigned else 1)
-    assert consumer.closed == ([True] if assigned else [False])
+    assert consumer._coordinator.resets == (0 if leaves else 1)
+    assert consumer.closed == ([True] if leaves else [False])

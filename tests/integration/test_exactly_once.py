@@ -146,29 +146,44 @@ def test_second_worker_joins_and_leaves_mid_stream(tmp_path, bootstrap_servers, 
         np.testing.assert_allclose(got.stderr, ref.stderr, rtol=1e-9, atol=1e-12)
 
 
-def test_sigterm_during_the_first_join_leaves_the_group_usable(tmp_path, bootstrap_servers, topic_name):
-    """A worker stopped during its first group join (SIGTERM right after the broker handed it a
-    member id) leaves by disconnecting, so a worker started after it gets every partition. With a
-    ``LeaveGroup`` at that moment, Tansu kept the group in rebalance for good (docs/kafka.md)."""
+def _wait_log(path, needle, count, proc, timeout=60.0):
+    """Wait until ``needle`` occurs ``count`` times in the log at ``path``."""
+    deadline = time.monotonic() + timeout
+    while path.read_text().count(needle) < count:
+        assert proc.poll() is None and time.monotonic() < deadline, path.read_text()[-3000:]
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("when", ["first join", "rejoin"])
+def test_sigterm_during_a_join_leaves_the_group_usable(tmp_path, bootstrap_servers, topic_name, when):
+    """A worker stopped while its JoinGroup is pending — its first join (SIGTERM right after the
+    broker handed it a member id) or a rejoin (SIGTERM right after its partitions were revoked
+    because a second worker joined) — leaves by disconnecting, so the other worker gets every
+    partition. With a ``LeaveGroup`` at that moment, Tansu kept the group in rebalance for good
+    (docs/kafka.md)."""
+    from ingest.broker import free_port
+
     cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
     cfg = PipelineConfig.load(cfg_path)
     ps.create_topics(bootstrap_servers, cfg)
-    log = tmp_path / "first.log"
+    log = tmp_path / "a.log"
     a = ps.start_worker(cfg_path, log_path=log)
     b = None
     try:
-        deadline = time.monotonic() + 60
-        while "Received member id" not in log.read_text():
-            assert a.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.02)
+        port = free_port()
+        if when == "first join":
+            _wait_log(log, "Received member id", 1, a)
+        else:
+            _wait_log(log, "Setting newly assigned partitions", 1, a)
+            revokes = log.read_text().count("Revoking previously assigned")
+            b = ps.start_worker(cfg_path, "--metrics-port", str(port), log_path=tmp_path / "b.log")
+            _wait_log(log, "Revoking previously assigned", revokes + 1, a)
         assert ps.kill(a, signal.SIGTERM, timeout=30) == 0, log.read_text()[-3000:]
         text = log.read_text()
-        assert "never assigned partitions: closing without LeaveGroup" in text, text[-3000:]
+        assert "stopped during a group join: closing without LeaveGroup" in text, text[-3000:]
         assert "Leaving consumer group" not in text
-        from ingest.broker import free_port
-
-        port = free_port()
-        b = ps.start_worker(cfg_path, "--metrics-port", str(port), log_path=tmp_path / "second.log")
+        if b is None:
+            b = ps.start_worker(cfg_path, "--metrics-port", str(port), log_path=tmp_path / "b.log")
         _wait_metric(port, "ldp_owned_partitions", 2, 60, b)
     finally:
         ps.kill(a)
