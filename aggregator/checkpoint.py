@@ -344,7 +344,7 @@ class StateTopicReader:
     def close(self) -> None:
         """Close the underlying consumer (idempotent)."""
         try:
-            self.consumer.close()
+            self.consumer.close(timeout_ms=10_000)  # bounded: a hung broker must not hang a shutdown
         except Exception:  # closing is best effort
             log.debug("closing state-topic consumer failed", exc_info=True)
 

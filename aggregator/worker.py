@@ -81,6 +81,9 @@ log = logging.getLogger(__name__)
 #: cost falls from 2.7 (500 per poll) to 1.0 µs per record (5000). Large records are capped
 #: by kafka-python's fetch size (1 MiB per partition) long before.
 DEFAULT_MAX_POLL_RECORDS = 5000
+#: Seconds a shutdown lets each Kafka client take to close: kafka-python's producer waits without
+#: limit by default, so a hung broker would keep a stopped worker alive for good.
+CLOSE_TIMEOUT_S = 10.0
 
 
 
@@ -454,6 +457,8 @@ class Worker:
         # an assignment is in force: set when a join completes (assigned), cleared when one starts
         # (revoked, lost) — a close in between sends no LeaveGroup (docs/kafka.md)
         self._stable = False
+        #: set by the shutdown when the final checkpoint failed or could not be taken
+        self.final_checkpoint_failed = False
         self._since_ckpt_reports = 0
         self._last_ckpt = time.monotonic()
         self._last_data = time.monotonic()
@@ -1010,12 +1015,14 @@ class Worker:
     def _shutdown(self) -> None:
         try:
             if self._failure is not None:
+                self.final_checkpoint_failed = True
                 log.error("no final checkpoint: a state update failed (%r); the next start replays "
                           "from the last checkpoint", self._failure)
             elif self._consumer is not None and self._producer is not None:
                 self.checkpoint()
         except Exception:
-            log.exception("final checkpoint failed")
+            self.final_checkpoint_failed = True
+            log.exception("final checkpoint failed; the next start replays from the last checkpoint")
         for attr in ("_folder", "_updater"):  # the fold thread first: it submits updates
             pool = getattr(self, attr)
             if pool is not None:
@@ -1028,9 +1035,11 @@ class Worker:
                     if client is self._consumer and not self._stable:
                         # stopped during a group join: leave by disconnecting (docs/kafka.md)
                         log.info("stopped during a group join: closing without LeaveGroup")
-                        close_without_leaving(client)
+                        close_without_leaving(client, timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
+                    elif client is self._consumer:
+                        client.close(timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
                     else:
-                        client.close()
+                        client.close(timeout=CLOSE_TIMEOUT_S)
                 except Exception:
                     log.debug("closing client failed", exc_info=True)
         if self._reader is not None:

@@ -483,7 +483,7 @@ def high_watermarks(consumer: Any, partitions: Iterable[Any] | None = None, *,
     return out
 
 
-def close_without_leaving(consumer: Any) -> bool:
+def close_without_leaving(consumer: Any, timeout_ms: int | None = None) -> bool:
     """Close a group consumer without sending ``LeaveGroup``; for a member stopped during a group
     join (its first, or a rejoin after its partitions were revoked).
 
@@ -498,12 +498,14 @@ def close_without_leaving(consumer: Any) -> bool:
     kafka-python 3.0's ``close()`` has no option to skip the leave. It skips it for a member whose
     generation has no member id, so this clears the coordinator's generation
     (``reset_generation``, its own API for a member that fell out of the group) first, then calls
-    ``consumer.close(autocommit=False)``.
+    ``consumer.close(autocommit=False, timeout_ms=timeout_ms)``.
 
     Parameters
     ----------
     consumer : kafka.KafkaConsumer
-        A subscribed consumer (any other object: only ``close(autocommit=False)`` is called).
+        A subscribed consumer (any other object: only ``close(autocommit=False, …)`` is called).
+    timeout_ms : int or None
+        Passed to ``close``: how long it may wait for the broker (None: kafka-python's default).
 
     Returns
     -------
@@ -524,7 +526,7 @@ def close_without_leaving(consumer: Any) -> bool:
             cleared = True
         except Exception:  # pragma: no cover - defensive: fall back to a normal close
             logger.debug("reset_generation failed; closing with LeaveGroup", exc_info=True)
-    consumer.close(autocommit=False)
+    consumer.close(autocommit=False, timeout_ms=timeout_ms)
     return cleared
 
 

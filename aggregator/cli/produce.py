@@ -57,7 +57,7 @@ def _apply_config(args: argparse.Namespace):
         cfg = PipelineConfig.load(args.config, validate=False)
         args.schema = args.schema or str(cfg.pipeline.schema_path)
         args.topic = args.topic or cfg.topics.reports
-        args.partitions = args.partitions or cfg.topics.partitions
+        args.partitions = cfg.topics.partitions if args.partitions is None else args.partitions
         kafka = cfg.kafka
         if args.bootstrap_servers:
             kafka = type(kafka)(**{**kafka.model_dump(), "bootstrap_servers": args.bootstrap_servers})
@@ -175,12 +175,19 @@ def run(args: argparse.Namespace) -> int:
             except ProducerError as exc:
                 undelivered = exc.undelivered
                 log.error("%s", exc)
-    except BaseException:
+    except BaseException:  # Ctrl-C, a broker error: close, say what was delivered, re-raise
         try:
             producer.close(timeout=5.0)
-        except ProducerError:
-            pass
+        except ProducerError as exc:
+            undelivered = exc.undelivered
+        _print_counts(args, producer, privatizer, undelivered, t0)
         raise
+    _print_counts(args, producer, privatizer, undelivered, t0)
+    return 1 if undelivered else 0
+
+
+def _print_counts(args, producer, privatizer, undelivered: int, t0: float) -> None:
+    """The final ``produced=… records=… skipped[reason]=… failed=…`` line (stdout)."""
     elapsed = time.monotonic() - t0
     st = producer.stats
     skipped = dict(privatizer.stats.skipped)
@@ -188,4 +195,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"produced={st.reports_sent} records={st.records_sent} {skipped_txt} failed={undelivered} "
           f"topic={args.topic} elapsed_s={elapsed:.2f} rate={st.reports_sent / max(elapsed, 1e-9):.0f}/s",
           flush=True)
-    return 1 if undelivered else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -14,12 +15,17 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "work", help="consume reports in a consumer group, checkpoint state + offsets",
         description="Consume the reports topic in a consumer group, keep per-partition query "
-                    "state, checkpoint it to the state topic, then commit offsets (exactly-once).")
+                    "state, checkpoint it to the state topic, then commit offsets (exactly-once). "
+                    "SIGTERM/SIGINT: final checkpoint, then leave the group; exit status 1 if the "
+                    "final checkpoint failed (the next start replays from the last one).")
     p.add_argument("--config", required=True, help="pipeline TOML file")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="Prometheus metrics on 127.0.0.1:PORT (default [worker] metrics_port; 0 = off)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
-    p.add_argument("--group-id", default=None, help="consumer group (default: [worker] group_id)")
+    p.add_argument("--group-id", default=None,
+                   help="consumer group (default: [worker] group_id). Positions come from the state "
+                        "topic's checkpoints (keyed by pipeline and partition), not from the group: "
+                        "a new group id continues where the pipeline stopped")
     p.add_argument("--max-reports", type=int, default=None,
                    help="stop after processing this many reports (tests, demo)")
     p.add_argument("--exit-when-idle", type=float, default=None, metavar="S",
@@ -74,4 +80,8 @@ def run(args: argparse.Namespace) -> int:
             server.shutdown()
     print(f"ldp-stream work: processed {n} reports; owned partitions at exit: "
           f"{sorted(worker.owned) or 'none'}")
+    if worker.final_checkpoint_failed:
+        print("ldp-stream work: the final checkpoint failed (see the log); the next start replays "
+              "from the last checkpoint", file=sys.stderr)
+        return 1
     return 0

