@@ -8,6 +8,7 @@ families. Workers export their operational metrics; serve exports the merged est
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Mapping
@@ -256,5 +257,7 @@ def start_metrics_server(registry: CollectorRegistry, port: int, host: str = "12
     try:
         return start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
-                          "(each worker needs its own --metrics-port)") from None
+        hint = (" (each worker needs its own --metrics-port)" if exc.errno == errno.EADDRINUSE
+                else " (--metrics-host must be an address of this machine)"
+                if exc.errno == errno.EADDRNOTAVAIL else "")
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}{hint}") from None

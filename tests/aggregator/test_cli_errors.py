@@ -26,6 +26,13 @@ def test_metrics_port_in_use_is_a_config_error(busy_port):
         start_metrics_server(CollectorRegistry(), busy_port)
 
 
+def test_metrics_host_not_on_this_machine_names_the_host_not_the_port():
+    # 192.0.2.1 (TEST-NET-1) is no local address: bind() fails locally, nothing is sent
+    with pytest.raises(ConfigError, match=r"192.0.2.1:0: .*--metrics-host must be an address") as exc:
+        start_metrics_server(CollectorRegistry(), 0, host="192.0.2.1")
+    assert "--metrics-port" not in str(exc.value)
+
+
 def test_serve_port_in_use_is_a_config_error(busy_port):
     with pytest.raises(ConfigError, match=rf"cannot serve on 127.0.0.1:{busy_port}"):
         check_bindable("127.0.0.1", busy_port)
