@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aggregator.errors import StateError
+from ingest.kafka import CLOSE_TIMEOUT_S
 
 __all__ = [
     "CHECKPOINT_MAGIC",
@@ -344,7 +345,8 @@ class StateTopicReader:
     def close(self) -> None:
         """Close the underlying consumer (idempotent)."""
         try:
-            self.consumer.close(timeout_ms=10_000)  # bounded: a hung broker must not hang a shutdown
+            # bounded: a hung broker must not hang a shutdown
+            self.consumer.close(timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
         except Exception:  # closing is best effort
             log.debug("closing state-topic consumer failed", exc_info=True)
 

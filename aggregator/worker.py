@@ -57,7 +57,7 @@ from aggregator.errors import AggregatorError, ConfigError
 from aggregator.metrics import WorkerMetrics
 from ingest.batch import ReportBatch, concat_batches, slice_batch
 from ingest.errors import DecodeError
-from ingest.kafka import close_without_leaving
+from ingest.kafka import CLOSE_TIMEOUT_S, close_without_leaving
 
 __all__ = [
     "PartitionState",
@@ -81,9 +81,6 @@ log = logging.getLogger(__name__)
 #: cost falls from 2.7 (500 per poll) to 1.0 µs per record (5000). Large records are capped
 #: by kafka-python's fetch size (1 MiB per partition) long before.
 DEFAULT_MAX_POLL_RECORDS = 5000
-#: Seconds a shutdown lets each Kafka client take to close: kafka-python's producer waits without
-#: limit by default, so a hung broker would keep a stopped worker alive for good.
-CLOSE_TIMEOUT_S = 10.0
 
 
 
@@ -1029,17 +1026,17 @@ class Worker:
                 pool.shutdown(wait=True)
                 setattr(self, attr, None)
         self._closing = True
+        ms = int(CLOSE_TIMEOUT_S * 1000)  # bounded closes: a hung broker must not hang the stop
         for client in (self._consumer, self._producer):
             if client is not None:
                 try:
-                    if client is self._consumer and not self._stable:
-                        # stopped during a group join: leave by disconnecting (docs/kafka.md)
-                        log.info("stopped during a group join: closing without LeaveGroup")
-                        close_without_leaving(client, timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
-                    elif client is self._consumer:
-                        client.close(timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
-                    else:
+                    if client is self._producer:
                         client.close(timeout=CLOSE_TIMEOUT_S)
+                    elif self._stable:
+                        client.close(timeout_ms=ms)
+                    else:  # stopped during a group join: leave by disconnecting (docs/kafka.md)
+                        log.info("stopped during a group join: closing without LeaveGroup")
+                        close_without_leaving(client, timeout_ms=ms)
                 except Exception:
                     log.debug("closing client failed", exc_info=True)
         if self._reader is not None:

@@ -44,6 +44,10 @@ FAST_GROUP_SETTINGS: Mapping[str, int] = {
     "max_poll_interval_ms": 10000,
 }
 
+#: Seconds a shutdown lets each Kafka client take to close (kafka-python's producer waits without
+#: limit by default: a hung broker would keep a stopped process alive for good).
+CLOSE_TIMEOUT_S = 10.0
+
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
 

@@ -616,7 +616,7 @@ def test_shutdown_closes_the_clients_within_a_limit_and_flags_a_failed_final_che
     checkpoint that fails sets ``final_checkpoint_failed`` (the CLI exits 1 on it)."""
     from kafka import TopicPartition
 
-    from aggregator.worker import CLOSE_TIMEOUT_S
+    from ingest.kafka import CLOSE_TIMEOUT_S
 
     w = make_worker(runtime)
     w._producer = _ClosingProducer(error=RuntimeError("broker hung") if fail else None)
