@@ -217,10 +217,7 @@ class PipelineRuntime:
             x1 = batch.numeric
             if mech is None or x1.shape[1] == 0 or batch.n == 0:
                 return x1.copy()
-            g = state_mod.doubling_draws(records, counts, x1.shape[1])
-            g *= sd_double
-            g += x1
-            return g
+            return state_mod.double_records(records, counts, x1, sd_double)
 
         def double(batch: ReportBatch, record: bytes) -> np.ndarray:
             return double_many(batch, [record], [batch.n])

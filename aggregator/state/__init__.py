@@ -12,7 +12,14 @@ doubling draws of records, seeded by their bytes (:func:`doubling_seed`). See
 :mod:`aggregator.state.base` for the common API.
 """
 
-from aggregator.state.base import EmptyStateError, Estimate, State, doubling_draws, doubling_seed
+from aggregator.state.base import (
+    EmptyStateError,
+    Estimate,
+    State,
+    double_records,
+    doubling_draws,
+    doubling_seed,
+)
 from aggregator.state.counts import CountsState
 from aggregator.state.gram import GramState
 from aggregator.state.histogram import HistogramState
@@ -34,6 +41,7 @@ __all__ = [
     "SGDState",
     "State",
     "build_state",
+    "double_records",
     "doubling_draws",
     "doubling_seed",
     "register_state",

@@ -16,7 +16,8 @@ compute the same quantities in one pass each without the GIL:
   counts, the ≤ 1 non-sensitive-bit check, and the per-bit counts of protected reports.
 * :func:`sl_draws` — the consumer's doubling draws ``sqrt(W)·G`` (standard ``SL_d(I)``) of many
   records at once from per-record SplitMix64 streams through ziggurat samplers (see
-  ``aggregator.state.base.doubling_draws``).
+  ``aggregator.state.base.doubling_draws``); :func:`sl_double` scales them and adds ``X̃₁`` in
+  the same pass (``aggregator.state.base.double_records``).
 
 Each is checked against an independent NumPy computation in ``tests/aggregator/test_kernels.py``.
 Source: DESIGN §5 (state families), §3 (uRAP counts).
@@ -30,7 +31,7 @@ import numpy as np
 
 from ingest._numba import jit
 
-__all__ = ["histogram3", "moments_batch", "sl_draws", "urap_counts", "warm"]
+__all__ = ["histogram3", "moments_batch", "sl_double", "sl_draws", "urap_counts", "warm"]
 
 
 #: Sums over a batch's rows may be reassociated (vectorized, several accumulators): they differ
@@ -241,9 +242,10 @@ def _normal_tail(seed, jj, r):  # pragma: no cover - compiled
 
 
 @jit(nogil=True)
-def _sl_rows(seeds, counts, out, w_out, with_w, nr, nx, nf, er, ex, ef):  # pragma: no cover - compiled
+def _sl_rows(seeds, counts, out, w_out, with_w, x1, sd, nr, nx, nf, er, ex, ef):  # pragma: no cover
     """Rows of :func:`sl_draws` (``with_w``: ``W`` first, written to ``w_out`` when it has a
-    slot per row; else ``W = 1``).
+    slot per row; else ``W = 1``). When ``x1`` has a row per output row, each output is
+    ``x1[row, c] + sqrt(W)·G_c·sd[c]`` (:func:`sl_double`), else ``sqrt(W)·G_c``.
 
     Both samplers are 256-layer ziggurats written inline: output ``z`` picks layer
     ``i = z & 255`` and ``u = (z >> 11)·2⁻⁵³``; ``v = u·x_i`` is accepted when ``v < x_{i+1}``;
@@ -256,6 +258,7 @@ def _sl_rows(seeds, counts, out, w_out, with_w, nr, nx, nf, er, ex, ef):  # prag
     """
     d = out.shape[1]
     keep_w = w_out.shape[0] > 0
+    add_x1 = x1.shape[0] > 0
     jj = np.ones(1, np.int64)
     row = 0
     for k in range(seeds.shape[0]):
@@ -299,12 +302,16 @@ def _sl_rows(seeds, counts, out, w_out, with_w, nr, nx, nf, er, ex, ef):  # prag
                         j += 1
                         if y >= np.exp(-0.5 * v * v):
                             continue
-                out[row, c] = sw * (sign * v)
+                if add_x1:  # (draw · sd) + x̃₁: the arithmetic, and so the bits, of g *= sd; g += x1
+                    out[row, c] = (sw * (sign * v)) * sd[c] + x1[row, c]
+                else:
+                    out[row, c] = sw * (sign * v)
                 c += 1
             row += 1
 
 
 _NO_W = np.empty(0)
+_NO_X1 = np.empty((0, 0))
 
 
 def sl_draws(seeds, counts, out) -> None:
@@ -315,13 +322,21 @@ def sl_draws(seeds, counts, out) -> None:
     each by a 256-layer ziggurat (:func:`_sl_rows`; tables from :func:`_ziggurat`). Compiled,
     without the GIL.
     """
-    _sl_rows(seeds, counts, out, _NO_W, True, _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
+    _sl_rows(seeds, counts, out, _NO_W, True, _NO_X1, _NO_W, _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
+
+
+def sl_double(seeds, counts, x1, sd, out) -> None:
+    """Fill ``out`` ``(Σ counts, d)`` with ``x1 + sd·sqrt(W)·G``: :func:`sl_draws`' draws scaled
+    by ``sd`` (float64 ``(d,)``, per coordinate) and added to ``x1`` (``(Σ counts, d)``, float64)
+    in the same pass, bit for bit what
+    ``g = sl_draws(…); g *= sd; g += x1`` gives, without two more passes over the arrays."""
+    _sl_rows(seeds, counts, out, _NO_W, True, x1, sd, _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
 
 
 def normal_draws(seed: int, n: int) -> np.ndarray:
     """``n`` standard normals from one SplitMix64 stream (the sampler of :func:`sl_draws`; for tests)."""
     out = np.empty((1, n))
-    _sl_rows(np.array([seed], np.uint64), np.ones(1, np.int64), out, _NO_W, False,
+    _sl_rows(np.array([seed], np.uint64), np.ones(1, np.int64), out, _NO_W, False, _NO_X1, _NO_W,
              _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
     return out[0]
 
@@ -329,7 +344,7 @@ def normal_draws(seed: int, n: int) -> np.ndarray:
 def exponential_draws(seed: int, n: int) -> np.ndarray:
     """``n`` standard exponentials from one SplitMix64 stream (as :func:`normal_draws`)."""
     w = np.empty(n)
-    _sl_rows(np.array([seed], np.uint64), np.array([n], np.int64), np.empty((n, 0)), w, True,
+    _sl_rows(np.array([seed], np.uint64), np.array([n], np.int64), np.empty((n, 0)), w, True, _NO_X1, _NO_W,
              _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
     return w
 
@@ -348,4 +363,5 @@ def warm() -> None:
     histogram3(v[::2], v[::2], 0.0, 1.0, pad, c, c.copy(), c.copy())
     urap_counts(np.zeros(1, np.int32), np.array([0, 1]), np.array([0, -1]), 2, 1)
     sl_draws(np.zeros(1, np.uint64), np.ones(1, np.int64), np.empty((1, 2)))
+    sl_double(np.zeros(1, np.uint64), np.ones(1, np.int64), np.zeros((1, 2)), np.ones(2), np.empty((1, 2)))
     _warm = True

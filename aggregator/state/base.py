@@ -36,6 +36,7 @@ __all__ = [
     "Estimate",
     "State",
     "decode_arrays",
+    "double_records",
     "doubling_draws",
     "doubling_seed",
     "encode_arrays",
@@ -105,11 +106,63 @@ def doubling_draws(records, counts, dim: int) -> np.ndarray:
     """
     from aggregator.state._kernels import sl_draws
 
-    seeds = np.fromiter(map(doubling_seed, records), dtype=np.uint64, count=len(records))
-    n = np.asarray(counts, dtype=np.int64).reshape(-1)
+    seeds, n = _seeds_counts(records, counts)
     out = np.empty((int(n.sum()), int(dim)))
     sl_draws(seeds, n, out)
     return out
+
+
+def double_records(records, counts, x1: np.ndarray, sd: float) -> np.ndarray:
+    """The worker's doubled block ``X̃₂ = X̃₁ + sd·sqrt(W)·G`` of records' reports, in one pass.
+
+    Bit for bit ``g = doubling_draws(records, counts, d); g *= sd; g += x1`` — the same draws
+    (deterministic per record, see :func:`doubling_draws`) with the scaling and the sum done in
+    the compiled loop that draws them (``aggregator.state._kernels.sl_double``), not in two more
+    passes over the arrays. The worker calls it with ``sd = sqrt(zero_prob · noise_variance)``
+    (``δλ²·range²`` per coordinate, DESIGN §2).
+
+    Parameters
+    ----------
+    records : sequence of bytes-like, length R
+        Record values.
+    counts : sequence of int, length R
+        Reports in each record (Σ counts = n).
+    x1 : ndarray of float64, shape (n, d)
+        The reports' numeric block ``X̃₁``, rows in record order.
+    sd : float or ndarray of float64, shape (d,)
+        Scale of the added noise per coordinate (a scalar applies to every coordinate).
+
+    Returns
+    -------
+    ndarray of float64, shape (n, d)
+
+    Raises
+    ------
+    ValueError
+        If ``x1`` does not have Σ counts rows, or ``sd`` is neither a scalar nor of shape (d,).
+    TypeError
+        If a record is not bytes-like.
+    """
+    from aggregator.state._kernels import sl_double
+
+    seeds, n = _seeds_counts(records, counts)
+    x1 = np.ascontiguousarray(x1, dtype=np.float64)
+    if x1.ndim != 2 or x1.shape[0] != int(n.sum()):
+        raise ValueError(f"x1 must have shape (sum(counts), d) = ({int(n.sum())}, d), got {x1.shape}")
+    try:
+        sd = np.ascontiguousarray(np.broadcast_to(np.asarray(sd, dtype=np.float64), (x1.shape[1],)))
+    except ValueError:
+        raise ValueError(f"sd must be a scalar or of shape ({x1.shape[1]},), "
+                         f"got shape {np.shape(sd)}") from None
+    out = np.empty_like(x1)
+    sl_double(seeds, n, x1, sd, out)
+    return out
+
+
+def _seeds_counts(records, counts) -> tuple[np.ndarray, np.ndarray]:
+    """Per-record seeds (uint64, :func:`doubling_seed`) and report counts (int64) of records."""
+    seeds = np.fromiter(map(doubling_seed, records), dtype=np.uint64, count=len(records))
+    return seeds, np.asarray(counts, dtype=np.int64).reshape(-1)
 
 
 def normal_critical(level: float) -> float:

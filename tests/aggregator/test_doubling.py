@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from aggregator.state import _kernels, doubling_draws, doubling_seed
+from aggregator.state import _kernels, double_records, doubling_draws, doubling_seed
 
 MASK = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -153,6 +153,29 @@ def test_draws_equal_an_independent_computation(d):
     want = np.concatenate([_reference_rows(r, n, d) for r, n in zip(records, counts, strict=True)])
     assert got.shape == (10, d)
     np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-300)
+
+
+@pytest.mark.parametrize("sd", [2.5, np.array([134.2, 134.2, 2236.1, 313.0, 10.3])])
+def test_double_records_is_the_draws_scaled_and_added_bit_for_bit(sd):
+    # the fused kernel must give exactly what the worker computed before: g *= sd; g += x1
+    rng = np.random.default_rng(11)
+    records = [rng.bytes(int(m)) for m in rng.integers(1, 500, 30)]
+    counts = rng.integers(0, 40, 30).tolist()
+    x1 = rng.normal(0.0, 300.0, (sum(counts), 5))
+    want = doubling_draws(records, counts, 5)
+    want *= sd
+    want += x1
+    got = double_records(records, counts, x1, sd)
+    assert np.array_equal(got, want)
+    assert np.array_equal(double_records(records, counts, np.asfortranarray(x1), sd), want)
+
+
+def test_double_records_refuses_mismatched_shapes():
+    records, counts = [b"a", b"b"], [2, 3]
+    with pytest.raises(ValueError, match=r"x1 must have shape \(sum\(counts\), d\) = \(5, d\)"):
+        double_records(records, counts, np.zeros((4, 2)), 1.0)
+    with pytest.raises(ValueError, match=r"sd must be a scalar or of shape \(2,\)"):
+        double_records(records, counts, np.zeros((5, 2)), np.ones(3))
 
 
 def test_draws_do_not_depend_on_the_batching():
