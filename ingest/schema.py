@@ -369,7 +369,7 @@ class TelemetrySchema(_Frozen):
         try:
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
-            raise SchemaError(f"cannot read schema file {str(p)!r}: {exc}") from None
+            raise SchemaError(f"cannot read schema file {str(p)!r}: {exc.strerror or exc}") from None
         if p.suffix.lower() == ".json":
             try:
                 return cls.from_dict(json.loads(text))

@@ -3,8 +3,8 @@
 Each subcommand lives in its own module of this package and exposes
 ``register(subparsers) -> None``; the parser it adds sets ``func`` (called with the parsed
 namespace, returns an exit status). Errors that a user can fix — our packages' ``ValueError``
-subclasses, ``CLIError``, ``FileNotFoundError`` — are printed as one line with exit status 2;
-Ctrl-C exits 130.
+subclasses, ``CLIError``, an ``OSError`` about a path given on the command line (missing file,
+directory, permission) — are printed as one line with exit status 2; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -62,8 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ldp-stream: interrupted", file=sys.stderr)
         return 130
-    except (MechanismError, IngestError, AggregatorError, FileNotFoundError, ValueError) as exc:
+    except (MechanismError, IngestError, AggregatorError, ValueError) as exc:
         print(f"ldp-stream {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.filename is None:  # not a path the user gave (sockets, …): not ours to word
+            raise
+        print(f"ldp-stream {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
 
 

