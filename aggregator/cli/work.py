@@ -17,7 +17,8 @@ def register(subparsers) -> None:
         description="Consume the reports topic in a consumer group, keep per-partition query "
                     "state, checkpoint it to the state topic, then commit offsets (exactly-once). "
                     "SIGTERM/SIGINT: final checkpoint, then leave the group; exit status 1 if the "
-                    "final checkpoint failed (the next start replays from the last one).")
+                    "final checkpoint failed (the next start replays from the last one). A signal "
+                    "during start-up stops it with exit status 0 (nothing consumed yet).")
     p.add_argument("--config", required=True, help="pipeline TOML file")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="Prometheus metrics on 127.0.0.1:PORT (default [worker] metrics_port; 0 = off)")
@@ -37,8 +38,32 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+class _StoppedEarly(Exception):
+    """SIGTERM/SIGINT before the worker consumes (imports, compiling, topic set-up)."""
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the worker until SIGTERM/SIGINT, ``--max-reports`` or ``--exit-when-idle``."""
+    """Run the worker until SIGTERM/SIGINT, ``--max-reports`` or ``--exit-when-idle``.
+
+    A signal during start-up (imports, kernel compilation, connecting, creating topics — seconds
+    before the first poll) stops it too, with one line and exit status 0: nothing was consumed,
+    so there is nothing to checkpoint."""
+    def _early(signum, frame):
+        raise _StoppedEarly(signum)
+
+    old = {s: signal.signal(s, _early) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run(args, old)
+    except _StoppedEarly as exc:
+        print(f"ldp-stream work: stopped by {signal.Signals(exc.args[0]).name} during start-up; "
+              "nothing was consumed", file=sys.stderr)
+        return 0
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run(args: argparse.Namespace, old_handlers: dict) -> int:
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError
     from aggregator.metrics import WorkerMetrics, start_metrics_server
@@ -70,11 +95,12 @@ def run(args: argparse.Namespace) -> int:
         log.info("signal %d: final checkpoint and leaving the group", signum)
         worker.stop()
 
-    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in old_handlers:  # from here a signal means: final checkpoint, leave, exit
+        signal.signal(s, _stop)
     try:
         n = worker.run(max_reports=args.max_reports, exit_when_idle=args.exit_when_idle)
     finally:
-        for s, h in old.items():
+        for s, h in old_handlers.items():
             signal.signal(s, h)
         if server is not None:
             server.shutdown()

@@ -110,3 +110,61 @@ field = "arr_delay"
     assert "processed 7 reports" in out
     assert ("final checkpoint failed" in err) is failed
     assert len(err.strip().splitlines()) == (1 if failed else 0)
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_start_up_stops_with_one_line_and_status_0(tmp_path, capsys, monkeypatch, signum):
+    """Before the worker consumes (here: while the topics are set up) a signal used to kill the
+    process silently (SIGTERM, status 143); it now stops it with one line, and the process's
+    handlers are restored afterwards."""
+    import os
+    import signal
+    import time
+
+    import aggregator.worker as worker_mod
+
+    sig = getattr(signal, signum)
+
+    def ensure_topics(cfg):
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # interrupted by the handler's exception
+        raise AssertionError("the signal did not stop start-up")
+
+    monkeypatch.setattr(worker_mod, "ensure_topics", ensure_topics)
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(BASE + '[[queries]]\nkind = "mean"\nname = "m"\nfield = "arr_delay"\n')
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    assert main(["work", "--config", str(cfg), "--metrics-port", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    want = f"ldp-stream work: stopped by {signum} during start-up; nothing was consumed"
+    assert err.strip().splitlines() == [want]
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_signal_once_consuming_asks_the_worker_to_stop(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    import aggregator.worker as worker_mod
+
+    class Worker:
+        def __init__(self):
+            self.owned = {}
+            self.final_checkpoint_failed = False
+            self.stopped = False
+
+        def stop(self):
+            self.stopped = True
+
+        def run(self, max_reports=None, exit_when_idle=None):
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by stop(), not an exception
+            return 3 if self.stopped else 0
+
+    monkeypatch.setattr(worker_mod, "worker_from_config", lambda cfg, **kw: Worker())
+    monkeypatch.setattr(worker_mod, "ensure_topics", lambda cfg: None)
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(BASE + '[[queries]]\nkind = "mean"\nname = "m"\nfield = "arr_delay"\n')
+    assert main(["work", "--config", str(cfg), "--metrics-port", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert "processed 3 reports" in out and err == ""
