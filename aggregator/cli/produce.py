@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args, base)
     from ingest.errors import ProducerError
     from ingest.privatizer import Privatizer
-    from ingest.producer import ReportProducer, slice_batch
+    from ingest.producer import ReportProducer
     from ingest.schema import TelemetrySchema
     from ingest.sources import open_source
 
@@ -157,10 +158,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         with progress_cm as progress:
             task = progress.add_task("produce", total=total, rate="") if progress is not None else None
-            for cols in source.iter_batches(batch_size=chunk):
+            # the lambda reads ``queued`` when called: the reports queued so far
+            pieces = _rows_up_to_limit(source.iter_batches(batch_size=chunk), args.limit, lambda: queued)
+            for cols in pieces:
                 batch = privatizer.privatize_batch(cols, on_invalid="skip")
-                if args.limit is not None and queued + batch.n > args.limit:
-                    batch = slice_batch(batch, 0, args.limit - queued)
                 producer.send(batch)
                 queued += batch.n
                 if args.rate is not None:
@@ -186,6 +187,28 @@ def run(args: argparse.Namespace) -> int:
         raise
     _print_counts(args, producer, privatizer, undelivered, t0)
     return 1 if undelivered else 0
+
+
+def _rows_up_to_limit(chunks, limit: int | None, done: Callable[[], int]):
+    """The source's column chunks, cut so that no row after the ``limit``-th valid one is read.
+
+    With a limit, each piece has at most ``limit − done()`` rows (``done()``: reports queued so
+    far, read after each piece is privatized): every row a piece holds comes before the last
+    report needed, so the ``skipped[reason]`` counts cover exactly the rows read up to it (a
+    whole 5000-row chunk used to be privatized and counted, then cut)."""
+    for cols in chunks:
+        n = len(next(iter(cols.values()), ()))
+        start = 0
+        while start < n:
+            if limit is None:
+                yield cols
+                break
+            left = limit - done()
+            if left <= 0:
+                return
+            stop = min(n, start + left)
+            yield cols if (start, stop) == (0, n) else {k: v[start:stop] for k, v in cols.items()}
+            start = stop
 
 
 def _print_counts(args, producer, privatizer, undelivered: int, t0: float) -> None:

