@@ -226,10 +226,13 @@ class PipelineConfig(_Frozen):
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read pipeline config {str(p)!r}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"cannot read pipeline config {str(p)!r}: not UTF-8 text "
+                              f"({exc.reason} at byte {exc.start})") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p.name}: invalid TOML: {exc}") from None
+            raise ConfigError(f"{str(p)!r}: invalid TOML: {exc}") from None
         return cls.from_dict(data, base_dir=p.resolve().parent, source_path=p, validate=validate)
 
     @classmethod

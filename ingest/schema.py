@@ -370,6 +370,9 @@ class TelemetrySchema(_Frozen):
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
             raise SchemaError(f"cannot read schema file {str(p)!r}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise SchemaError(f"cannot read schema file {str(p)!r}: not UTF-8 text "
+                              f"({exc.reason} at byte {exc.start})") from None
         if p.suffix.lower() == ".json":
             try:
                 return cls.from_dict(json.loads(text))

@@ -177,6 +177,15 @@ class DataFrameSource(Source):
             yield self.frame.iloc[start:start + bs]
 
 
+def _utf8_lines(fh, name: str) -> Iterator[str]:
+    """Lines of a text file opened as UTF-8, a decoding error as a :class:`SourceError` naming
+    the file."""
+    try:
+        yield from fh
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start} of a block)") from None
+
+
 class CSVSource(Source):
     """Events from a CSV file with a header row (read in chunks with pandas).
 
@@ -194,7 +203,8 @@ class CSVSource(Source):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise SourceError(f"CSV file {str(self.path)!r} does not exist")
+            what = "is not a file" if self.path.exists() else "does not exist"
+            raise SourceError(f"CSV file {str(self.path)!r} {what}")
         self.name = str(self.path)
 
     def iter_batches(self, batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[dict[str, np.ndarray]]:
@@ -225,12 +235,13 @@ class JSONLinesSource(Source):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise SourceError(f"JSON-lines file {str(self.path)!r} does not exist")
+            what = "is not a file" if self.path.exists() else "does not exist"
+            raise SourceError(f"JSON-lines file {str(self.path)!r} {what}")
         self.name = str(self.path)
 
     def iter_events(self, batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[dict[str, Any]]:
         with self.path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
+            for lineno, line in enumerate(_utf8_lines(fh, self.name), 1):
                 if not line.strip():
                     continue
                 try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -86,9 +88,14 @@ def _settings(args: argparse.Namespace, base=None):
                 fields = tomllib.load(f)
         except OSError as exc:
             raise CLIError(f"--kafka-config {args.kafka_config}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CLIError(f"--kafka-config {args.kafka_config}: not UTF-8 text ({exc.reason} "
+                           f"at byte {exc.start})") from None
         except tomllib.TOMLDecodeError as exc:
             raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
-        fields.pop("bootstrap_servers", None)
+        if "bootstrap_servers" in fields:
+            raise CLIError(f"--kafka-config {args.kafka_config}: bootstrap_servers is not read from this "
+                           "file; give --bootstrap-servers (or [kafka] bootstrap_servers in --config)")
     try:
         if base is not None:
             return KafkaSettings(**{**base.model_dump(), **fields})
@@ -104,8 +111,11 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.limit is not None and args.limit < 1:
         raise CLIError(f"--limit must be >= 1, got {args.limit}")
-    if args.rate is not None and not args.rate > 0:
-        raise CLIError(f"--rate must be > 0 reports/s, got {args.rate}")
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise CLIError(f"--rate must be a finite number > 0 reports/s (omit it for no limit), "
+                       f"got {args.rate}")
+    if args.kafka_config is not None and not args.kafka_config.strip():
+        raise CLIError("--kafka-config must be a file path, got ''")
     if not 1 <= args.batch_size <= 1_000_000:
         raise CLIError(f"--batch-size must be in [1, 1000000] reports per record, got {args.batch_size}")
     if args.partitions < 1:
@@ -115,11 +125,25 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Produce reports; print ``produced=… records=… skipped[reason]=… failed=…`` at the end.
 
+    SIGTERM is handled as Ctrl-C: the reports already sent are flushed (≤ 5 s), the counts line
+    is printed, and the CLI exits 130.
+
     Returns
     -------
     int
         0 if every report was acknowledged, 1 if some were not (counts say how many).
     """
+    def _terminate(signum, frame):  # SIGTERM (kill, a supervisor, timeout) = Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _produce(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _produce(args: argparse.Namespace) -> int:
     base = _apply_config(args)
     _check(args)
     settings = _settings(args, base)
@@ -164,14 +188,15 @@ def run(args: argparse.Namespace) -> int:
                 batch = privatizer.privatize_batch(cols, on_invalid="skip")
                 producer.send(batch)
                 queued += batch.n
-                if args.rate is not None:
+                last = args.limit is not None and queued >= args.limit
+                if args.rate is not None and not last:  # no pause after the last report
                     ahead = queued / args.rate - (time.monotonic() - t0)
                     if ahead > 0:
                         time.sleep(ahead)
                 if progress is not None:
                     el = max(time.monotonic() - t0, 1e-9)
                     progress.update(task, completed=queued, rate=f"{queued / el:,.0f} reports/s")
-                if args.limit is not None and queued >= args.limit:
+                if last:
                     break
             try:
                 producer.close()
@@ -211,12 +236,18 @@ def _rows_up_to_limit(chunks, limit: int | None, done: Callable[[], int]):
             start = stop
 
 
+def _rate_txt(rate: float) -> str:
+    """Reports/s for the counts line: whole numbers, two decimals below 10 (``--rate 0.5``)."""
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.2f}"
+
+
 def _print_counts(args, producer, privatizer, undelivered: int, t0: float) -> None:
     """The final ``produced=… records=… skipped[reason]=… failed=…`` line (stdout)."""
     elapsed = time.monotonic() - t0
     st = producer.stats
     skipped = dict(privatizer.stats.skipped)
     skipped_txt = " ".join(f"skipped[{k}]={v}" for k, v in sorted(skipped.items())) or "skipped=0"
+    rate = _rate_txt(st.reports_sent / max(elapsed, 1e-9))
     print(f"produced={st.reports_sent} records={st.records_sent} {skipped_txt} failed={undelivered} "
-          f"topic={args.topic} elapsed_s={elapsed:.2f} rate={st.reports_sent / max(elapsed, 1e-9):.0f}/s",
+          f"topic={args.topic} elapsed_s={elapsed:.2f} rate={rate}/s",
           flush=True)

