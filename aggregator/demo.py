@@ -261,7 +261,8 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                   f"{opts.workers} workers, {opts.partitions} partitions")
     console.print("privatizing the flights on the 'client' (ZIL + uRAP/uRR, OS-entropy noise) …")
     prepared = _prepare(schema, opts.limit)
-    console.print(f"  {prepared.n_sent:,} reports ready ({prepared.n_in - prepared.n_sent:,} flights "
+    n_skipped = prepared.n_in - prepared.n_sent
+    console.print(f"  {prepared.n_sent:,} reports ready ({n_skipped:,} flight{'' if n_skipped == 1 else 's'} "
                   f"skipped: a field missing, e.g. cancelled flights have no arr_delay) in "
                   f"{prepared.privatize_s:.1f} s "
                   f"({prepared.n_sent / max(prepared.privatize_s, 1e-9):,.0f} reports/s)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -34,11 +35,16 @@ def run(args: argparse.Namespace) -> int:
         (``BrokerError``, bad ``--port``) propagate to the CLI (one line, exit 2).
     """
     from aggregator.errors import CLIError
-    from ingest.broker import EmbeddedBroker
+    from ingest.broker import EmbeddedBroker, port_is_free
 
     if args.port is not None and not 0 <= args.port <= 65535:
         raise CLIError(f"--port must be in [1, 65535], or 0 for a free port, got {args.port}")
+    if not (math.isfinite(args.startup_timeout) and args.startup_timeout > 0):
+        raise CLIError(f"--startup-timeout must be a finite number > 0 seconds, got {args.startup_timeout}")
     port = args.port or None  # 0: a free port, as the OS gives for bind(0)
+    if port is not None and not port_is_free("127.0.0.1", port):
+        raise CLIError(f"--port {port}: 127.0.0.1:{port} is already in use; choose another port, or 0 "
+                       "for a free one")
     stop = threading.Event()
 
     def _stop(signum, frame):

@@ -23,7 +23,7 @@ def register(sub) -> None:
     )
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="stream only the first N flights (default: all 336,776)")
-    p.add_argument("--output", type=Path, default=Path("demo-output"), metavar="DIR",
+    p.add_argument("--output", type=_directory, default=Path("demo-output"), metavar="DIR",
                    help="output directory (default: demo-output)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the reports topic (default: 4)")
@@ -39,6 +39,13 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=540.0, metavar="S",
                    help="give up when the workers have not caught up after S seconds (default: 540)")
     p.set_defaults(func=_run)
+
+
+def _directory(text: str) -> Path:
+    """``--output``: a non-empty path (``""`` would write the report into the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a directory path, got ''")
+    return Path(text)
 
 
 def _run(args: argparse.Namespace) -> int:

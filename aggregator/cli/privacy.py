@@ -25,6 +25,13 @@ log = logging.getLogger(__name__)
 DEFAULT_CURVE_EPSILONS = "0.5,0.7,0.9,1.2,1.6,2.1,2.8"
 
 
+def _png_path(text: str) -> str:
+    """``--png``: a path ending in ``.png`` (the file is always written as PNG)."""
+    if not text.lower().endswith(".png") or not text[:-4].strip(" /"):
+        raise argparse.ArgumentTypeError(f"must be a path ending in .png, got {text!r}")
+    return text
+
+
 def _epsilon_list(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
@@ -86,7 +93,7 @@ def register(subparsers) -> None:
     cur.add_argument("--c", type=float, required=True, help="shift c = diameter / scale > 0")
     cur.add_argument("--zero-prob", type=float, required=True, help="zero probability in (0, 1)")
     cur.add_argument("--dim", type=int, default=None, help="number of fields (1 = exact Laplace)")
-    cur.add_argument("--png", required=True, help="output PNG path")
+    cur.add_argument("--png", required=True, type=_png_path, help="output PNG path (*.png)")
     cur.add_argument(
         "--epsilons",
         type=_epsilon_list,

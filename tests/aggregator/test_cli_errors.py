@@ -122,3 +122,22 @@ def test_non_utf8_jsonl_source_names_the_file(tmp_path):
     path.write_bytes(b'{"a": 1}\n\xff\n')
     with pytest.raises(SourceError, match=r"e.jsonl: not UTF-8 text \(invalid start byte"):
         list(open_source(str(path)).iter_events())
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["privacy", "curve", "--c", "1", "--zero-prob", "0.2", "--png", ""],
+     "ldp-stream privacy curve: error: argument --png: must be a path ending in .png, got ''"),
+    (["privacy", "curve", "--c", "1", "--zero-prob", "0.2", "--png", "curve.pdf"],
+     "ldp-stream privacy curve: error: argument --png: must be a path ending in .png, got 'curve.pdf'"),
+    (["demo", "--output", ""], "ldp-stream demo: error: argument --output: must be a directory path, got ''"),
+    (["broker", "--startup-timeout", "0"],
+     "ldp-stream broker: error: --startup-timeout must be a finite number > 0 seconds, got 0.0"),
+    (["broker", "--startup-timeout", "inf"],
+     "ldp-stream broker: error: --startup-timeout must be a finite number > 0 seconds, got inf"),
+])
+def test_empty_or_meaningless_path_and_timeout_arguments_are_refused(argv, line, capsys):
+    with pytest.raises(SystemExit) as exc:  # argparse's own refusal exits from the parser
+        rc = main(argv)
+        raise SystemExit(rc)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
