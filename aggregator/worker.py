@@ -453,6 +453,7 @@ class Worker:
         self._stable = False
         #: set by the shutdown when the final checkpoint failed or could not be taken
         self.final_checkpoint_failed = False
+        self.owned_at_stop: list[int] = []  # partitions owned when the loop ended (before leaving)
         self._since_ckpt_reports = 0
         self._last_ckpt = time.monotonic()
         self._last_data = time.monotonic()
@@ -1007,6 +1008,7 @@ class Worker:
         self._stop.wait(1.0)
 
     def _shutdown(self) -> None:
+        self.owned_at_stop = sorted(self.owned)
         try:
             if self._failure is not None:
                 self.final_checkpoint_failed = True

@@ -631,3 +631,27 @@ def test_shutdown_closes_the_clients_within_a_limit_and_flags_a_failed_final_che
     assert w._producer.closed == [CLOSE_TIMEOUT_S]
     assert consumer.closed == [int(CLOSE_TIMEOUT_S * 1000)]
     assert w.final_checkpoint_failed is fail
+
+
+def test_shutdown_remembers_the_partitions_owned_before_leaving(runtime, records):
+    """Closing the consumer revokes the partitions (LeaveGroup), so ``owned`` is empty after the
+    stop; ``owned_at_stop`` keeps what the worker owned when its loop ended (the CLI prints it)."""
+    from kafka import TopicPartition
+
+    w = make_worker(runtime)
+    w._producer = _ClosingProducer()
+    consumer = _GroupConsumer()
+    consumer.pause = lambda *tps: None
+    tps = [TopicPartition("reports", p) for p in (0, 2)]
+
+    def close(autocommit=True, timeout_ms=None):
+        w._on_revoked(tps)  # what kafka-python's close() does before LeaveGroup
+        consumer.closed.append(timeout_ms)
+
+    consumer.close = close
+    w._consumer = consumer
+    w._on_assigned(tps)  # the assignment is in force (LeaveGroup on close) …
+    w._pending.clear()
+    w.owned[2] = PartitionState(2, 0, runtime.new_states())  # … and both partitions restored
+    w._shutdown()
+    assert w.owned == {} and w.owned_at_stop == [0, 2]
