@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
@@ -49,17 +48,12 @@ def _directory(text: str) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from aggregator.cli._signals import sigterm_as_interrupt
     from aggregator.demo import DemoOptions, run_demo
 
     opts = DemoOptions(limit=args.limit, output_dir=args.output, workers=args.workers,
                        partitions=args.partitions, reports_per_record=args.reports_per_record,
                        keep_running=args.keep_running, rate=args.rate or None,
                        live=not args.no_live and sys.stderr.isatty(), timeout_s=args.timeout)
-    def _terminate(signum, frame):  # SIGTERM (kill, timeout, a closed terminal) = Ctrl-C
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
+    with sigterm_as_interrupt():
         return run_demo(opts)
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -134,14 +133,10 @@ def run(args: argparse.Namespace) -> int:
     int
         0 if every report was acknowledged, 1 if some were not (counts say how many).
     """
-    def _terminate(signum, frame):  # SIGTERM (kill, a supervisor, timeout) = Ctrl-C
-        raise KeyboardInterrupt
+    from aggregator.cli._signals import sigterm_as_interrupt
 
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
+    with sigterm_as_interrupt():
         return _produce(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _produce(args: argparse.Namespace) -> int:

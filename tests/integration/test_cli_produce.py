@@ -219,34 +219,18 @@ def test_produce_cli_bad_kafka_config(tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and "sasl_mechanism is required" in err[0]
 
 
-def test_broker_cli_runs_until_interrupted():
-    port = free_port()
+@pytest.mark.parametrize("port_arg, stop", [("free", signal.SIGINT), ("0", signal.SIGTERM)])
+def test_broker_cli_runs_until_interrupted(port_arg, stop):
+    """Runs until Ctrl-C or SIGTERM, exit 0, the broker child gone; ``--port 0`` picks a free port."""
+    from ingest.broker import port_is_free
+
+    port = free_port() if port_arg == "free" else 0
     proc = subprocess.Popen([sys.executable, "-m", "aggregator.cli", "broker", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        line = proc.stdout.readline().strip()
-        assert line == f"bootstrap_servers=127.0.0.1:{port}"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    # the port is free again: the broker child is gone
-    from ingest.broker import port_is_free
-
-    assert port_is_free("127.0.0.1", port)
-
-
-def test_broker_cli_port_0_is_a_free_port():
-    proc = subprocess.Popen([sys.executable, "-m", "aggregator.cli", "broker", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
         m = re.fullmatch(r"bootstrap_servers=127\.0\.0\.1:(\d+)", proc.stdout.readline().strip())
-        assert m and 1 <= int(m.group(1)) <= 65535
-        proc.send_signal(signal.SIGTERM)
+        assert m and (int(m.group(1)) == port if port else 1 <= int(m.group(1)) <= 65535)
+        proc.send_signal(stop)
         assert proc.wait(timeout=20) == 0
     finally:
         if proc.poll() is None:
@@ -254,6 +238,7 @@ def test_broker_cli_port_0_is_a_free_port():
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+    assert port_is_free("127.0.0.1", int(m.group(1)))  # the broker child is gone
 
 
 @pytest.mark.parametrize("port", ["-1", "65536"])
