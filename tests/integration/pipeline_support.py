@@ -75,8 +75,10 @@ def available_queries() -> str:
 
 def write_config(tmp_path: Path, bootstrap: str, topic_name, *, partitions: int = 4, group: str | None = None,
                  checkpoint_interval_s: float = 0.5, checkpoint_reports: int = 100_000,
-                 max_record_bytes: int = 1 << 20, extra_queries: str = "") -> Path:
-    """Write ``pipeline.toml`` with unique topics; returns its path."""
+                 max_record_bytes: int = 1 << 20, extra_queries: str = "",
+                 malloc_trim_threshold_mib: int | None = None) -> Path:
+    """Write ``pipeline.toml`` with unique topics; returns its path (``malloc_trim_threshold_mib``:
+    ``[worker]``'s setting, the config's default when ``None``)."""
     name = "flights"
     text = f"""
 [pipeline]
@@ -97,6 +99,7 @@ group_id = "{group or topic_name('group')}"
 checkpoint_interval_s = {checkpoint_interval_s}
 checkpoint_reports = {checkpoint_reports}
 max_record_bytes = {max_record_bytes}
+{"" if malloc_trim_threshold_mib is None else f"malloc_trim_threshold_mib = {malloc_trim_threshold_mib}"}
 
 [serve]
 host = "127.0.0.1"
