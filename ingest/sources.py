@@ -212,9 +212,9 @@ class CSVSource(Source):
 
         bs = _check_batch_size(batch_size)
         try:
-            reader = pd.read_csv(self.path, chunksize=bs)
-            for chunk in reader:
-                yield {str(c): _text_cells_to_numbers(_column_to_numpy(chunk[c])) for c in chunk.columns}
+            with pd.read_csv(self.path, chunksize=bs) as reader:  # closed also when left early
+                for chunk in reader:
+                    yield {str(c): _text_cells_to_numbers(_column_to_numpy(chunk[c])) for c in chunk.columns}
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
             raise SourceError(f"cannot read CSV file {str(self.path)!r}: {exc}") from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
 import sys
@@ -152,11 +153,17 @@ def _produce(args: argparse.Namespace) -> int:
     schema = TelemetrySchema.load(args.schema)
     source = open_source(args.source)
     privatizer = Privatizer(schema, args.seed)
-    producer = ReportProducer(settings, args.topic, schema, reports_per_record=args.batch_size,
-                              partitions=args.partitions, key=args.key, privatizer=privatizer)
     chunk = max(args.batch_size, 5000)
     if args.rate is not None:
         chunk = max(1, min(chunk, int(args.rate / 10) or 1))
+    queued = 0
+    # the lambda reads ``queued`` when called: the reports queued so far
+    pieces = _rows_up_to_limit(source.iter_batches(batch_size=chunk), args.limit, lambda: queued)
+    # the first chunk is read and privatized before connecting: a source that cannot be read or
+    # lacks the schema's columns is refused before a topic is created or anything is sent
+    first = [privatizer.privatize_batch(cols, on_invalid="skip") for cols in itertools.islice(pieces, 1)]
+    producer = ReportProducer(settings, args.topic, schema, reports_per_record=args.batch_size,
+                              partitions=args.partitions, key=args.key, privatizer=privatizer)
     total = args.limit
     if total is None:
         try:
@@ -164,7 +171,6 @@ def _produce(args: argparse.Namespace) -> int:
         except TypeError:
             total = None
     show = sys.stderr.isatty() and not args.no_progress
-    queued = 0
     t0 = time.monotonic()
     undelivered = 0
     progress_cm = nullcontext(None)
@@ -178,10 +184,8 @@ def _produce(args: argparse.Namespace) -> int:
     try:
         with progress_cm as progress:
             task = progress.add_task("produce", total=total, rate="") if progress is not None else None
-            # the lambda reads ``queued`` when called: the reports queued so far
-            pieces = _rows_up_to_limit(source.iter_batches(batch_size=chunk), args.limit, lambda: queued)
-            for cols in pieces:
-                batch = privatizer.privatize_batch(cols, on_invalid="skip")
+            rest = (privatizer.privatize_batch(cols, on_invalid="skip") for cols in pieces)
+            for batch in itertools.chain(first, rest):
                 producer.send(batch)
                 queued += batch.n
                 last = args.limit is not None and queued >= args.limit

@@ -141,3 +141,20 @@ def test_empty_or_meaningless_path_and_timeout_arguments_are_refused(argv, line,
         raise SystemExit(rc)
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+def test_produce_refuses_a_source_without_the_schemas_columns_before_connecting(tmp_path, capsys):
+    """The first chunk is privatized before the producer connects: with no broker at all the
+    error is the source's (it used to be 'no Kafka broker reachable', or, with a broker, the
+    topic was created and a counts line printed before the column error)."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    csv = tmp_path / "wrong.csv"
+    csv.write_text("a,b\n1,2\n")
+    rc = main(["produce", "--schema", SCHEMA, "--source", str(csv), "--bootstrap-servers",
+               f"127.0.0.1:{dead}", "--topic", "t"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    want = "ldp-stream produce: error: field 'arr_delay': no such column in the batch"
+    assert err.strip().splitlines() == [want]
