@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace, old_handlers: dict) -> int:
         if server is not None:
             server.shutdown()
     print(f"ldp-stream work: processed {n} reports; partitions owned when it stopped: "
-          f"{getattr(worker, 'owned_at_stop', None) or 'none'}")
+          f"{worker.owned_at_stop or 'none'}")
     if worker.final_checkpoint_failed:
         print("ldp-stream work: the final checkpoint failed (see the log); the next start replays "
               "from the last checkpoint", file=sys.stderr)

@@ -91,6 +91,7 @@ def test_work_exits_1_when_the_final_checkpoint_failed(tmp_path, capsys, monkeyp
     class Worker:
         def __init__(self):
             self.owned = {}
+            self.owned_at_stop = []
             self.final_checkpoint_failed = failed
 
         def run(self, max_reports=None, exit_when_idle=None):
@@ -151,6 +152,7 @@ def test_a_signal_once_consuming_asks_the_worker_to_stop(tmp_path, capsys, monke
     class Worker:
         def __init__(self):
             self.owned = {}
+            self.owned_at_stop = []
             self.final_checkpoint_failed = False
             self.stopped = False
 
