@@ -89,17 +89,13 @@ def moments_batch(a, b):  # pragma: no cover - compiled
 
 @jit(nogil=True)
 def _bin(v, low, inv_w, pad):  # pragma: no cover - compiled
+    """Bin of a finite ``v``: the clamp and the ±1 corrections are written without branches.
+    Reports outside ``[low, high]`` are common (the noise is wide) and fall below or above at
+    random, so an ``if`` per side mispredicted: 20 → 9 ns per report for :func:`histogram3`."""
     nb = pad.shape[0] - 2  # number of edges
-    g = np.ceil((v - low) * inv_w)
-    if g < 0.0:
-        g = 0.0
-    elif g > nb:
-        g = float(nb)
-    k = int(g)
-    if pad[k] >= v:  # edges[k - 1] >= v: one edge fewer lies below v
-        k -= 1
-    if pad[k + 1] < v:  # edges[k] < v: one more
-        k += 1
+    k = int(min(max(np.ceil((v - low) * inv_w), 0.0), float(nb)))
+    k -= pad[k] >= v  # edges[k - 1] >= v: one edge fewer lies below v
+    k += pad[k + 1] < v  # edges[k] < v: one more
     return k
 
 
@@ -122,7 +118,7 @@ def urap_counts(indices, offsets, rank, k, s):  # pragma: no cover - compiled
     Parameters
     ----------
     indices : int32 (nnz,); offsets : int64 (n + 1,)
-        ``SparseBits`` arrays.
+        ``SparseBits`` arrays (``offsets[0]`` need not be 0: a slice of a larger batch).
     rank : int64 (k,)
         Rank of a code among the sensitive codes, −1 for non-sensitive codes.
     k, s : int
@@ -141,25 +137,49 @@ def urap_counts(indices, offsets, rank, k, s):  # pragma: no cover - compiled
         are incomplete).
     bad_count : int
         Its number of non-sensitive bits.
+
+    Three flat loops, none whose trip count is a report's length (such a loop's exit, and the
+    "protected" test, mispredicted per report: carrier 15 → 9, destinations 19 → 14 ns per
+    report): the positions (counts, and a running count of non-sensitive bits), the reports
+    (their non-sensitive bits as a difference of that running count; a protected report marks
+    where it starts and ends), the positions again (each adds its report's mark to its
+    sensitive rank; non-sensitive positions go to a spare slot).
     """
+    n = offsets.shape[0] - 1
     counts = np.zeros(k, np.int64)
-    ob = np.zeros(s, np.int64)
+    ob = np.zeros(s + 1, np.int64)  # slot s: non-sensitive positions (never in a protected report)
+    nsf = np.empty(k, np.int64)
+    slot = np.empty(k, np.int64)
+    for j in range(k):
+        nsf[j] = 1 if rank[j] < 0 else 0
+        slot[j] = s if rank[j] < 0 else rank[j]
+    base = offsets[0]
+    m = offsets[n] - base
+    cum = np.empty(m + 1, np.int64)  # cum[e]: non-sensitive bits among positions < e
+    cum[0] = 0
+    c = 0
+    for e in range(m):
+        j = indices[base + e]
+        counts[j] += 1
+        c += nsf[j]
+        cum[e + 1] = c
+    step = np.zeros(m + 1, np.int8)  # Σ step[≤ e] = 1 where position e is in a protected report
     protected = 0
-    for r in range(offsets.shape[0] - 1):
-        lo, hi = offsets[r], offsets[r + 1]
-        nns = 0
-        for e in range(lo, hi):
-            j = indices[e]
-            counts[j] += 1
-            if rank[j] < 0:
-                nns += 1
+    prev = 0
+    for r in range(n):
+        lo = offsets[r] - base
+        nns = cum[offsets[r + 1] - base] - cum[lo]
         if nns > 1:
-            return counts, protected, ob, r, nns
-        if nns == 0:
-            protected += 1
-            for e in range(lo, hi):
-                ob[rank[indices[e]]] += 1
-    return counts, protected, ob, -1, 0
+            return counts, protected, ob[:s], r, nns
+        p = 1 if nns == 0 else 0
+        protected += p
+        step[lo] += p - prev
+        prev = p
+    inside = 0
+    for e in range(m):
+        inside += step[e]
+        ob[slot[indices[base + e]]] += inside
+    return counts, protected, ob[:s].copy(), -1, 0
 
 
 _warm = False
