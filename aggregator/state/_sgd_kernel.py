@@ -51,29 +51,34 @@ _SUMS = FAST_SUMS
 
 
 @jit(nogil=True, error_model="numpy")
+def _fill_col(ub, x, j, cj, sj, dj, start, mid, stop, out):
+    """``out[r − start]`` for rows ``[start, stop)`` of column ``j`` (see :func:`_fill`)."""
+    m = ub.shape[0]
+    for r in range(start, mid):
+        out[r - start] = ub[r, j]
+    for r in range(mid, stop):
+        out[r - start] = (x[r - m, cj] - sj) / dj
+
+
+@jit(nogil=True, error_model="numpy")
 def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop, zt, yb):
     """Design columns ``zt`` (q, stop − start) and labels ``yb`` of stream rows ``[start, stop)``:
     rows ``< len(ub)`` come from the standardized buffer ``ub``, the others from ``x``
     standardized on the fly as ``u = (x[:, cols] − shift)/scale`` (the same arithmetic as
-    ``SGDState._std``)."""
+    ``SGDState._std``). Column by column, without a branch per row (a thresholded label's
+    ``u > t`` is random: as an ``if`` it mispredicted)."""
     m = ub.shape[0]
     k = cols.shape[0] - 1
     off = 1 if intercept else 0
-    for r in range(start, stop):
-        i = r - start
-        if intercept:
-            zt[0, i] = 1.0
-        for j in range(k + 1):
-            if r < m:
-                u = ub[r, j]
-            else:
-                u = (x[r - m, cols[j]] - shift[j]) / scale[j]
-            if j < k:
-                zt[off + j, i] = u
-            elif label_mode == LABEL_THRESHOLD:
-                yb[i] = 1.0 if u > t_label else 0.0
-            else:
-                yb[i] = u
+    mid = min(max(m, start), stop)  # rows [start, mid) buffered, [mid, stop) new
+    if intercept:
+        zt[0, :stop - start] = 1.0
+    for j in range(k):
+        _fill_col(ub, x, j, cols[j], shift[j], scale[j], start, mid, stop, zt[off + j])
+    _fill_col(ub, x, k, cols[k], shift[k], scale[k], start, mid, stop, yb)
+    if label_mode == LABEL_THRESHOLD:
+        for i in range(stop - start):
+            yb[i] = 1.0 if yb[i] > t_label else 0.0
 
 
 @jit(nogil=True, error_model="numpy")
