@@ -81,10 +81,58 @@ def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop
             yb[i] = 1.0 if yb[i] > t_label else 0.0
 
 
+# exp(x) = 2^k · exp(r), x = k·ln 2 + r, |r| ≤ ln(2)/2: ln 2 split in a high part with trailing
+# zero bits (k·_LN2_HI is exact for |k| < 2¹¹) and the rest (the fdlibm constants); k is rounded
+# by adding 1.5·2⁵² (its low mantissa bits are then k), and 2^k is built from those bits
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_SHIFTER = 6755399441055744.0  # 1.5·2⁵²
+_SHIFTER_BITS = int(np.float64(_SHIFTER).view(np.int64))
+# 1/j! for j = 12 … 0: the Taylor polynomial of exp on |r| ≤ 0.347 (remainder < 2·10⁻¹⁶ relative)
+_INV_FACT = tuple(1.0 / math.factorial(j) for j in range(12, -1, -1))
+
+
+@jit(nogil=True, error_model="numpy", fastmath={"contract"})
+def _exp(x, out, t, bits):
+    """``out[i] = exp(x[i])`` for ``x`` clamped to [−708, 709] (NaN gives a finite value), in
+    three loops the compiler vectorizes with FMA. ``t`` (float64, ≥ n) and ``bits`` (int64, n)
+    are scratch; ``out`` must not be ``x`` (the loops then run unvectorized). ``math.exp`` is a
+    scalar libm call: the logistic regression's four per report were 20 of its 50 ns per
+    report. Relative error ≤ 4·10⁻¹⁶ (``tests/aggregator/test_sgd_kernel.py`` compares it with
+    ``np.exp``)."""
+    c12, c11, c10, c9, c8, c7, c6, c5, c4, c3, c2, c1, c0 = _INV_FACT
+    for i in range(x.shape[0]):
+        v = min(max(x[i], -708.0), 709.0)
+        kd = v * _LOG2E + _SHIFTER
+        k = kd - _SHIFTER  # round(v·log2 e), exactly
+        r = (v - k * _LN2_HI) - k * _LN2_LO
+        p = c12
+        p = p * r + c11
+        p = p * r + c10
+        p = p * r + c9
+        p = p * r + c8
+        p = p * r + c7
+        p = p * r + c6
+        p = p * r + c5
+        p = p * r + c4
+        p = p * r + c3
+        p = p * r + c2
+        p = p * r + c1
+        out[i] = p * r + c0
+        t[i] = kd
+    kbits = t.view(np.int64)
+    for i in range(x.shape[0]):
+        bits[i] = (kbits[i] - _SHIFTER_BITS + 1023) << 52  # the float64 2^k, k ∈ [−1021, 1023]
+    scale = bits.view(np.float64)
+    for i in range(x.shape[0]):
+        out[i] *= scale[i]
+
+
 @jit(nogil=True, error_model="numpy")
-def _phi(zt, y, v, coef, code, tau, eta, g, h):
+def _phi(zt, y, v, coef, code, tau, eta, g, h, t, bits):
     """Per row ``i``: ``eta[i] = z_iᵀ v``, ``g[i] = coef·φ_η(η_i, y_i)`` and (logistic)
-    ``h[i] = coef·φ_ηη(η_i)``."""
+    ``h[i] = coef·φ_ηη(η_i)``; ``t`` (≥ n), ``bits`` (n) are scratch of :func:`_exp`."""
     n = y.shape[0]
     eta[:] = 0.0
     for j in range(v.shape[0]):
@@ -93,7 +141,10 @@ def _phi(zt, y, v, coef, code, tau, eta, g, h):
             eta[i] += zt[j, i] * vj
     if code == PHI_LOGISTIC:
         for i in range(n):
-            p = 1.0 / (1.0 + math.exp(-eta[i]))  # = (1 + tanh(η/2))/2, at the cost of one exp
+            g[i] = -eta[i]
+        _exp(g, h, t, bits)  # distinct arrays: with out = x the loops were not vectorized
+        for i in range(n):
+            p = 1.0 / (1.0 + h[i])  # = (1 + tanh(η/2))/2, at the cost of one exp
             g[i] = coef * (p - y[i])
             h[i] = coef * (p * (1.0 - p))
     else:
@@ -121,19 +172,23 @@ def _wdot(w, u, v):
 
 
 @jit(nogil=True, error_model="numpy")
-def _add_hess(zt, y, eta, h, w, hmode, bw, sign, hb):
+def _add_hess(zt, y, eta, h, w, hmode, bw, sign, hb, t, bits):
     """``hb[k] += sign · Σ_i w_k,i z_i z_iᵀ`` for every Hessian rung k: ``w = h`` (analytic,
     coefficient included), or the Gaussian kernel of the kink ``y − η`` at bandwidth ``bw[k]``
-    times ``|sign|`` (ladder); ``w`` is scratch."""
+    times ``|sign|`` (ladder); ``w``, ``t`` (2n) and ``bits`` (n) are scratch."""
     q = zt.shape[0]
     for k in range(hb.shape[0]):
         if hmode == HESS_ANALYTIC:
             w[:] = h
         else:
             c = abs(sign) * _INV_SQRT_2PI / bw[k]
+            arg = t[y.shape[0]:]
             for i in range(y.shape[0]):
                 u = (y[i] - eta[i]) / bw[k]
-                w[i] = c * math.exp(-0.5 * u * u)
+                arg[i] = -0.5 * u * u
+            _exp(arg, w, t[:y.shape[0]], bits)
+            for i in range(y.shape[0]):
+                w[i] *= c
         sg = 1.0 if sign > 0 else -1.0
         for r in range(q):
             for c2 in range(r, q):
@@ -202,15 +257,17 @@ def run_steps(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_lab
     h1 = np.empty(batch)
     h2 = np.empty(batch)
     w = np.empty(batch)
+    xt = np.empty(2 * batch)  # scratch of _exp (and of its argument in _add_hess)
+    bits = np.empty(batch, np.int64)
     gt = np.empty((q, batch))  # per-row corrected gradients at the anchor
     for start in range(0, full, batch):
         _fill(ub1, x1, cols, shift, scale, intercept, label_mode, t_label, start, start + batch, z1, y1)
         if two:
             _fill(ub2, x2, cols, shift, scale, intercept, label_mode, t_label, start, start + batch, z2, y2)
         # corrected gradient at the iterate: Σ_i a·φ_η(x₁ᵢ) z₁ᵢ − b·φ_η(x₂ᵢ) z₂ᵢ
-        _phi(z1, y1, theta, a, code, tau, e1, g1, h1)
+        _phi(z1, y1, theta, a, code, tau, e1, g1, h1, xt, bits)
         if two:
-            _phi(z2, y2, theta, b, code, tau, e2, g2, h2)
+            _phi(z2, y2, theta, b, code, tau, e2, g2, h2, xt, bits)
         for j in range(q):
             gsum[j] = _dot(g1, z1[j])
             if two:
@@ -220,15 +277,15 @@ def run_steps(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_lab
             # anchor: the running Polyak average once there is one, else the iterate
             if sc[1] >= 1:
                 anc[:] = avg
-                _phi(z1, y1, anc, a, code, tau, e1, g1, h1)
+                _phi(z1, y1, anc, a, code, tau, e1, g1, h1, xt, bits)
                 if two:
-                    _phi(z2, y2, anc, b, code, tau, e2, g2, h2)
+                    _phi(z2, y2, anc, b, code, tau, e2, g2, h2, xt, bits)
             else:
                 anc[:] = theta  # the values at the iterate are those of the anchor
             hb[:] = 0.0
-            _add_hess(z1, y1, e1, h1, w, hmode, bw, a, hb)
+            _add_hess(z1, y1, e1, h1, w, hmode, bw, a, hb, xt, bits)
             if two:
-                _add_hess(z2, y2, e2, h2, w, hmode, bw, -b, hb)
+                _add_hess(z2, y2, e2, h2, w, hmode, bw, -b, hb, xt, bits)
             for j in range(q):
                 for i in range(batch):
                     gt[j, i] = g1[i] * z1[j, i]

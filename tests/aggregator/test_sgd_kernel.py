@@ -80,3 +80,20 @@ def _loss():
     from mechanisms.losses import QuantileRegressionLoss
 
     return QuantileRegressionLoss(tau=0.5, noised=(0, 1))
+
+
+def test_vectorized_exp_is_within_two_ulp_of_numpy():
+    """The kernel's ``_exp`` (polynomial + 2^k from the rounding shifter's bits) against
+    ``np.exp`` over its whole range, near 0 and at the clamps (x > 709 → e^709, x < −708 → e^−708)."""
+    from aggregator.state._sgd_kernel import _exp
+
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.uniform(-708.0, 709.0, 200_000), rng.normal(0.0, 5.0, 200_000),
+                        np.linspace(-40.0, 40.0, 80_001), [0.0, -0.0, 1e-300, -1e-300, 709.0, -708.0]])
+    out, t, bits = np.empty_like(x), np.empty_like(x), np.empty(x.size, np.int64)
+    _exp(x, out, t, bits)
+    assert np.max(np.abs(out / np.exp(x) - 1.0)) <= 4e-16
+    clamped = np.array([710.0, 1e308, -709.0, -1e308])
+    out = np.empty(4)
+    _exp(clamped, out, np.empty(4), np.empty(4, np.int64))
+    np.testing.assert_allclose(out, np.exp([709.0, 709.0, -708.0, -708.0]), rtol=4e-16)
