@@ -304,7 +304,6 @@ def _sl_rows(seeds, counts, out, w_out, with_w, x1, sd, nr, nx, nf, er, ex, ef):
                         break
                 if keep_w:
                     w_out[row] = w
-                sw = np.sqrt(w)
             c = 0
             while c < d:  # G_c ~ N(0, 1)
                 z = _mix(seed, j)
@@ -322,11 +321,17 @@ def _sl_rows(seeds, counts, out, w_out, with_w, x1, sd, nr, nx, nf, er, ex, ef):
                         j += 1
                         if y >= np.exp(-0.5 * v * v):
                             continue
-                if add_x1:  # (draw · sd) + x̃₁: the arithmetic, and so the bits, of g *= sd; g += x1
-                    out[row, c] = (sw * (sign * v)) * sd[c] + x1[row, c]
-                else:
-                    out[row, c] = sw * (sign * v)
+                out[row, c] = sign * v
                 c += 1
+            # sqrt(W) after the draws, so that its latency does not hold up theirs
+            if with_w:
+                sw = np.sqrt(w)
+            if add_x1:  # (draw · sd) + x̃₁: the arithmetic, and so the bits, of g *= sd; g += x1
+                for c in range(d):
+                    out[row, c] = (sw * out[row, c]) * sd[c] + x1[row, c]
+            elif with_w:
+                for c in range(d):
+                    out[row, c] = sw * out[row, c]
             row += 1
 
 
