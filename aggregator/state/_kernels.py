@@ -354,7 +354,8 @@ def sl_double(seeds, counts, x1, sd, out) -> None:
     """Fill ``out`` ``(Σ counts, d)`` with ``x1 + sd·sqrt(W)·G``: :func:`sl_draws`' draws scaled
     by ``sd`` (float64 ``(d,)``, per coordinate) and added to ``x1`` (``(Σ counts, d)``, float64)
     in the same pass, bit for bit what
-    ``g = sl_draws(…); g *= sd; g += x1`` gives, without two more passes over the arrays."""
+    ``g = sl_draws(…); g *= sd; g += x1`` gives, without two more passes over the arrays.
+    ``out`` must not share memory with ``x1`` (a row's draws are written before it is read)."""
     _sl_rows(seeds, counts, out, _NO_W, True, x1, sd, _ZN_R, _ZN_X, _ZN_F, _ZE_R, _ZE_X, _ZE_F)
 
 
