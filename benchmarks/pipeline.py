@@ -330,7 +330,11 @@ def worker_process(ns) -> int:
         out = inner_process(partition, records)
         info["last"], info["cpu_last"] = time.time(), time.process_time()
         info["minflt"] = _minor_faults() - info["flt_first"]
-        info["threads_last"] = _thread_cpu_s()
+        if not ns.max_reports or w.processed_reports + out >= ns.max_reports:
+            # once, after the last poll: reading /proc for every thread takes ≈ 0.6 ms with the
+            # GIL held; done after every poll, on the fold thread, it cost the worker ≈ 6 % of
+            # its rate (docs/benchmarks.md, session 10), which the raw loop never paid
+            info["threads_last"] = _thread_cpu_s()
         info["partitions"].add(partition)
         while marks and w.processed_reports + out >= marks[0]:
             info["rss_kb"][marks.pop(0)] = {"rss": _status_kb("VmRSS"), "hwm": _status_kb("VmHWM")}
