@@ -330,7 +330,7 @@ def worker_process(ns) -> int:
         out = inner_process(partition, records)
         info["last"], info["cpu_last"] = time.time(), time.process_time()
         info["minflt"] = _minor_faults() - info["flt_first"]
-        if not ns.max_reports or w.processed_reports + out >= ns.max_reports:
+        if w.processed_reports + out >= ns.max_reports:  # (--max-reports is required)
             # once, after the last poll: reading /proc for every thread takes ≈ 0.6 ms with the
             # GIL held; done after every poll, on the fold thread, it cost the worker ≈ 6 % of
             # its rate (docs/benchmarks.md, session 10), which the raw loop never paid
