@@ -87,7 +87,9 @@ class WorkerMetrics:
     state_invalid : Counter
         ``ldp_state_records_invalid_total``: state-topic records that failed to decode.
     checkpoint_duration : Histogram
-        ``ldp_checkpoint_duration_seconds``: publish + flush + commit time, seconds.
+        ``ldp_checkpoint_duration_seconds``: seconds from a checkpoint's start (the partitions'
+        offsets marked) to its offsets committed: sending the states, the broker's
+        acknowledgement, the commit.
     lag : Gauge, label ``partition``
         ``ldp_consumer_lag_records``: fetch high watermark − next offset.
     last_processed : Gauge
@@ -111,7 +113,8 @@ class WorkerMetrics:
         self.checkpoints = Counter(_base("ldp_checkpoints_total"), "Partition checkpoints published.",
                                    registry=r)
         self.checkpoint_duration = Histogram(
-            "ldp_checkpoint_duration_seconds", "Checkpoint publish + flush + commit time.",
+            "ldp_checkpoint_duration_seconds",
+            "Checkpoint time from its start to the offsets committed (send, broker ack, commit).",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r,
         )
         self.rebalances = Counter(_base("ldp_rebalances_total"), "Partition assignments and revocations.",

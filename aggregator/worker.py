@@ -18,20 +18,24 @@ with ``next_offset`` (the first offset not yet folded in):
   goes on;
 * every ``checkpoint_interval_s`` seconds or ``checkpoint_reports`` reports, each owned partition's
   :class:`~aggregator.checkpoint.Checkpoint` is published to the state topic (key
-  ``"<pipeline>/<partition>"``), the producer is flushed, and **only then** are group offsets
-  committed. In the main loop the publication is a task of the fold thread, after the folds
-  before it (the main thread fetches meanwhile), and the main thread commits the offsets once it
-  is done;
+  ``"<pipeline>/<partition>"``), and **only once the broker has acknowledged it** are group
+  offsets committed. In the main loop the fold thread, after the folds before it, marks each
+  partition's ``next_offset`` and queues the checkpoint on the update thread behind those folds'
+  updates, then goes on folding; the update thread serializes and sends it; the main thread
+  commits the offsets once every record is acknowledged (it keeps fetching meanwhile, and at most
+  one such checkpoint is on its way);
 * on assignment the latest checkpoint of the partition is read from the state topic (to its end)
   and the consumer seeks to its ``next_offset`` (no checkpoint: from the earliest offset; an
   undecodable checkpoint: logged, counted, rebuilt from the earliest offset); on revocation the
   partition is checkpointed; on loss it is dropped;
 * :meth:`Worker.stop` (SIGTERM/SIGINT in the CLI) → final checkpoint and ``consumer.close()``
   (without ``LeaveGroup`` when stopped during a group join: docs/kafka.md);
-* every checkpoint and shutdown first waits for the poll being folded and the update in flight, a
-  revocation for the update in flight (a poll folded after it finds its partition gone and drops
-  the records: the next owner fetches them again); a failed fold or update stops the worker
-  without any further checkpoint (its offsets were already past the batch).
+* every synchronous checkpoint (:meth:`Worker.checkpoint`, the shutdown's) first waits for the
+  poll being folded, the update in flight and the main loop's checkpoint on its way; a
+  revocation waits for the update in flight and a checkpoint queued behind it (a poll folded
+  after it finds its partition gone and drops the records: the next owner fetches them again);
+  a failed fold or update stops the worker without any further checkpoint (its offsets were
+  already past the batch).
 
 kafka-python 3.x runs rebalance callbacks on its network loop, so the callbacks only pause the
 new partitions and flag them (restore happens in the main loop), or publish the small checkpoint
@@ -279,6 +283,15 @@ def _config_pipeline_name(config) -> str:
 # --------------------------------------------------------------------------------------------------
 # per-partition state
 # --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Mark:
+    """A partition's ``next_offset`` with its report and record counts at that offset."""
+
+    next_offset: int
+    reports: int
+    records: int
+
+
 @dataclass
 class PartitionState:
     """The state of one owned reports partition.
@@ -294,8 +307,9 @@ class PartitionState:
         Reports folded in (all time, restored from the checkpoint).
     records : int
         Records folded in (all time).
-    dirty : bool
-        Whether anything changed since the last checkpoint.
+    published_offset : int or None
+        ``next_offset`` of the last checkpoint of this partition known to be durable (restored
+        from, or acknowledged by the broker); ``None``: none yet.
     """
 
     partition: int
@@ -303,13 +317,25 @@ class PartitionState:
     states: dict = field(default_factory=dict)
     reports: int = 0
     records: int = 0
-    dirty: bool = False
+    published_offset: int | None = None
 
-    def to_checkpoint(self, runtime: PipelineRuntime) -> Checkpoint:
-        """Serialize into a :class:`Checkpoint` of ``runtime``'s pipeline."""
+    @property
+    def dirty(self) -> bool:
+        """Whether the durable checkpoint is behind ``next_offset`` (or there is none)."""
+        return self.next_offset != self.published_offset
+
+    def mark(self) -> _Mark:
+        """Where the partition stands now: ``next_offset`` and the counts that go with it."""
+        return _Mark(self.next_offset, self.reports, self.records)
+
+    def to_checkpoint(self, runtime: PipelineRuntime, mark: _Mark | None = None) -> Checkpoint:
+        """Serialize into a :class:`Checkpoint` of ``runtime``'s pipeline: the states with
+        ``mark``'s offset and counts (default: :meth:`mark` now). The caller makes sure the states
+        hold exactly the records below ``mark.next_offset`` (the update thread, in order)."""
+        m = self.mark() if mark is None else mark
         return Checkpoint(
-            pipeline=runtime.name, partition=self.partition, next_offset=self.next_offset,
-            reports=self.reports, records=self.records, fingerprint=runtime.fingerprint,
+            pipeline=runtime.name, partition=self.partition, next_offset=m.next_offset,
+            reports=m.reports, records=m.records, fingerprint=runtime.fingerprint,
             states={name: st.to_bytes() for name, st in self.states.items()}, created=time.time(),
         )
 
@@ -377,7 +403,8 @@ class Worker:
         ``ldp-update`` thread (one update in flight). States, offsets and checkpoints are
         identical to ``False`` (everything inline, in the main thread): every checkpoint and
         shutdown first waits for both threads, a revoke for the update in flight; checkpoints
-        that fall due in :meth:`run` are published by the fold thread. A poll that returned
+        that fall due in :meth:`run` are marked by the fold thread and sent by the update thread
+        behind the updates before them, without waiting for either. A poll that returned
         ``max_poll_records`` records is folded in the main thread: kafka-python still holds
         records, so the next poll does not wait for the network, and many small records would
         otherwise cost GIL hand-offs between the two threads. Returning to
@@ -464,7 +491,8 @@ class Worker:
         self._inflight: deque[Future] = deque()  # guarded by self._lock
         self._folder: ThreadPoolExecutor | None = None
         self._fold_tasks: deque[Future] = deque()  # the fold thread's tasks (main thread only)
-        self._ckpt_pending = False  # one of them is a checkpoint's publication
+        self._ckpt_pending = False  # a checkpoint is being published (until its offsets are committed)
+        self._ckpt_inflight: _InFlight | None = None  # run()'s checkpoint awaiting acks (main thread)
         self._failure: BaseException | None = None  # a failed update: no checkpoint may follow
 
     # ---------------------------------------------------------------------------------- clients
@@ -575,7 +603,6 @@ class Worker:
                             "records lost, resuming at %d", tp.partition, ps.next_offset, start, gap, start)
                 self.metrics.offset_gap.labels(partition=str(tp.partition)).inc(gap)
                 ps.next_offset = start
-                ps.dirty = True
             with self._lock:
                 if tp not in self._consumer.assignment():
                     continue
@@ -599,12 +626,13 @@ class Worker:
                     raise CheckpointError(f"checkpoint holds queries {sorted(ck.states)}, config has "
                                           f"{sorted(names)}")
                 states = {n: self.runtime.restore_state(n, blob) for n, blob in ck.states.items()}
-                return PartitionState(partition, ck.next_offset, states, ck.reports, ck.records)
+                return PartitionState(partition, ck.next_offset, states, ck.reports, ck.records,
+                                      published_offset=ck.next_offset)
             except Exception as exc:  # any corrupt state: rebuild this partition from scratch
                 self.metrics.state_invalid.inc()
                 log.error("state record %r (offset %s) failed to decode (%s); rebuilding partition %d "
                           "from the earliest offset", key, self._reader.offsets.get(key), exc, partition)
-        return PartitionState(partition, 0, self.runtime.new_states(), 0, 0, dirty=True)
+        return PartitionState(partition, 0, self.runtime.new_states(), 0, 0)  # dirty: none published
 
     # ------------------------------------------------------------------------------- processing
     def _dead_letter(self, rec, reason: str) -> None:
@@ -644,7 +672,6 @@ class Worker:
                             ps.next_offset, rec.offset)
                 self.metrics.offset_gap.labels(partition=str(partition)).inc(gap)
             ps.next_offset = rec.offset + 1
-            ps.dirty = True
             value = rec.value
             refused = ("empty" if value is None
                        else "oversized" if len(value) > self.max_record_bytes else None)
@@ -670,7 +697,6 @@ class Worker:
                 or not all(type(r) is int for r in results):
             return None  # decode again in _fold, which dead-letters what fails
         ps.next_offset = records[-1].offset + 1
-        ps.dirty = True
         return self._fold_decoded(ps, batch, values, results)
 
     def _fold(self, ps: PartitionState, todo: list) -> int:
@@ -745,42 +771,49 @@ class Worker:
         Only the producer (a separate client) is used, so this is safe inside the rebalance
         callback and under ``self._lock``.
         """
-        return self._settle(self._send(parts))
+        return self._settle(self._send([(ps, ps.mark()) for ps in parts]))
 
-    def _send(self, parts: list[PartitionState]) -> list[tuple]:
-        """Send the checkpoints of ``parts`` (the caller holds ``self._lock``); returns
-        ``[(partition state, its next_offset as sent, send future)]`` for :meth:`_settle`."""
-        if parts and self._failure is not None:
+    def _send(self, marked: list[tuple[PartitionState, _Mark]]) -> list[tuple]:
+        """Send the checkpoint of each ``(partition state, mark)``: its states with the mark's
+        offset and counts (the caller makes sure the states hold exactly the records below it:
+        under ``self._lock`` after :meth:`_drain`, or on the update thread); returns
+        ``[(partition state, next_offset sent, send future)]`` for :meth:`_settle`."""
+        if marked and self._failure is not None:
             raise AggregatorError(f"a state update failed ({self._failure!r}); no checkpoint is published "
                                   "after it") from self._failure
         sent = []
-        for ps in parts:
-            ck = ps.to_checkpoint(self.runtime)
+        for ps, mark in marked:
+            ck = ps.to_checkpoint(self.runtime, mark)
             sent.append((ps, ck.next_offset,
                          self._producer.send(self.state_topic, key=ck.key, value=ck.to_bytes())))
         return sent
 
-    def _settle(self, sent: list[tuple]) -> dict:
-        """Flush the checkpoints :meth:`_send` sent and wait for each (lock not needed: only the
-        producer is used); returns the offsets to commit."""
+    def _settle(self, sent: list[tuple], flush: bool = True) -> dict:
+        """Wait for the checkpoints :meth:`_send` sent (``flush``: flush the producer first; without,
+        every future must be done) and return the offsets to commit; raises the send error of a
+        refused record. Lock not needed: only the producer is used."""
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
         if not sent:
             return {}
-        self._producer.flush(timeout=30)
+        if flush:
+            self._producer.flush(timeout=30)
         for _, _, f in sent:  # flush() does not raise for a failed record: its future does
             f.get(timeout=1)
         # the state is durable: only now may the group offsets move
         for ps, offset, _ in sent:
-            if ps.next_offset == offset:  # nothing folded in since it was sent
-                ps.dirty = False
+            if ps.published_offset is None or offset > ps.published_offset:
+                ps.published_offset = offset
         self.metrics.checkpoints.inc(len(sent))
         return {TopicPartition(self.reports_topic, ps.partition): OffsetAndMetadata(offset, "", -1)
                 for ps, offset, _ in sent}
 
     def checkpoint(self, force: bool = False) -> int:
         """Publish the checkpoints of owned partitions, flush, then commit their offsets.
+
+        Waits first for the poll being folded and for a checkpoint of :meth:`run` still on its
+        way (committing its offsets).
 
         Parameters
         ----------
@@ -793,20 +826,20 @@ class Worker:
             Number of partitions checkpointed.
         """
         self._wait_fold()  # never under self._lock: the fold holds it while it runs
+        self._check_checkpoint(block=True)
         published = self._publish_due(force)
         self._commit(published)
         return published.partitions
 
     def _publish_due(self, force: bool = False) -> _Published:
-        """Wait for the update in flight, then publish the checkpoints of the changed (``force``:
+        """Wait for the updates in flight, then publish the checkpoints of the changed (``force``:
         all) owned partitions and flush (outside ``self._lock``); the offsets are committed by
-        :meth:`_commit`. Runs on the main thread (:meth:`checkpoint`, and :meth:`run` without
-        ``overlap``) or, in :meth:`run` with ``overlap``, on the fold thread between two polls'
-        folds, so that the main thread goes on fetching meanwhile."""
+        :meth:`_commit`. The synchronous checkpoint: :meth:`checkpoint`, and :meth:`run` without
+        ``overlap`` (with ``overlap``, :meth:`_begin_checkpoint`)."""
         t0 = time.perf_counter()
         with self._lock:
             self._drain()
-            sent = self._send([ps for ps in self.owned.values() if force or ps.dirty])
+            sent = self._send([(ps, ps.mark()) for ps in self.owned.values() if force or ps.dirty])
         # the flush outside the lock: a rebalance callback waiting for it would hold up
         # kafka-python's network loop (heartbeats); a revoke's own checkpoint of the same partition
         # goes through the same producer after these records and is flushed by the callback
@@ -816,13 +849,65 @@ class Worker:
         return _Published(offsets, len(sent), t0, time.perf_counter())
 
     def _publish_due_or_broker_error(self) -> _Published | KafkaError:
-        """:meth:`_publish_due` for :meth:`run`; a broker error is returned for
-        :meth:`_published` (the state stays in memory and is published later), anything else
+        """:meth:`_publish_due` for :meth:`run` without ``overlap``; a broker error is returned
+        for :meth:`_published` (the state stays in memory and is published later), anything else
         raised."""
         try:
             return self._publish_due()
         except KafkaError as exc:
             return exc
+
+    def _begin_checkpoint(self) -> _InFlight | _Published:
+        """A checkpoint of :meth:`run` with ``overlap``, on the fold thread after the folds before
+        it: mark where each changed owned partition stands and queue the checkpoints' snapshot
+        (:meth:`_snapshot`) on the update thread, behind the updates of those folds. Returns at
+        once — the fold thread goes on with the next poll while the update thread catches up —
+        with the snapshot's future; the main thread commits the offsets once the broker has
+        acknowledged every record (:meth:`_check_checkpoint`)."""
+        t0 = time.perf_counter()
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            marked = [(ps, ps.mark()) for ps in self.owned.values() if ps.dirty]
+            self._since_ckpt_reports = 0
+            self._last_ckpt = time.monotonic()
+            if not marked:
+                return _Published({}, 0, t0, time.perf_counter())
+            # in _inflight: a revoke's (or the shutdown's) drain waits for it, so that its own
+            # checkpoint of a partition is sent after this one
+            snapshot = self._updater.submit(self._snapshot, marked)
+            self._inflight.append(snapshot)
+        return _InFlight(snapshot, t0)
+
+    def _snapshot(self, marked: list[tuple[PartitionState, _Mark]]) -> list[tuple] | KafkaError:
+        """Update thread: :meth:`_send` the marked checkpoints (their states now hold exactly the
+        records below their marks: the updates before this task, and none after). A broker error
+        of ``send`` (e.g. no metadata within ``max_block_ms``) is returned, not raised: the waits
+        for the update thread's tasks would take it for a failed update."""
+        if self._failure is not None:
+            raise self._failure
+        try:
+            return self._send(marked)
+        except KafkaError as exc:
+            return exc
+
+    def _check_checkpoint(self, block: bool) -> None:
+        """Main thread: finish the checkpoint :meth:`_begin_checkpoint` started once its records are
+        acknowledged (``block``: wait for them) — commit its offsets, or after a broker error back
+        off (nothing committed, its partitions stay dirty). A failed update is raised."""
+        fl = self._ckpt_inflight
+        if fl is None or not (block or fl.acknowledged()):
+            return
+        self._ckpt_inflight = None
+        try:
+            sent = fl.snapshot.result()
+            if isinstance(sent, KafkaError):
+                raise sent
+            offsets = self._settle(sent, flush=block)
+        except KafkaError as exc:
+            self._published(exc)
+            return
+        self._published(_Published(offsets, len(offsets), fl.started, time.perf_counter()))
 
     def _commit(self, published: _Published) -> None:
         """Commit the offsets of published checkpoints (main thread: the consumer is not
@@ -918,6 +1003,7 @@ class Worker:
                     self._broker_trouble("poll", exc)
                     continue
                 self._collect_fold(block=False)
+                self._check_checkpoint(block=False)
                 n_got = sum(len(recs) for tp, recs in got.items() if tp.topic == self.reports_topic)
                 if n_got:
                     self._last_data = time.monotonic()
@@ -937,9 +1023,9 @@ class Worker:
                        or time.monotonic() - self._last_ckpt >= self.checkpoint_interval_s)
                 if due and self._folder is None:
                     self._published(self._publish_due_or_broker_error())
-                elif due and not self._ckpt_pending:  # on the fold thread after the fold above,
-                    self._ckpt_pending = True  # committed here once done (_collect_fold)
-                    self._fold_tasks.append(self._folder.submit(self._publish_due_or_broker_error))
+                elif due and not self._ckpt_pending:  # begun on the fold thread after the fold
+                    self._ckpt_pending = True  # above, committed here once acknowledged
+                    self._fold_tasks.append(self._folder.submit(self._begin_checkpoint))
                 if max_reports is not None and self.processed_reports >= max_reports:
                     log.info("processed %d reports (max %d): stopping", self.processed_reports, max_reports)
                     break
@@ -975,8 +1061,9 @@ class Worker:
 
     def _wait_fold(self) -> None:
         """Wait until the tasks handed to the ``ldp-fold`` thread are done — a poll's fold
-        (re-raising its failure), a checkpoint's publication (then commit its offsets here);
-        called by the main thread only, never under ``self._lock``."""
+        (re-raising its failure), a checkpoint's start (:meth:`_begin_checkpoint`, which returns
+        without waiting for its records); called by the main thread only, never under
+        ``self._lock``."""
         self._collect_fold(block=True)
 
     def _collect_fold(self, block: bool) -> None:
@@ -984,7 +1071,9 @@ class Worker:
         (each turn of the main loop, so that an idle worker still commits and retries)."""
         while self._fold_tasks and (block or self._fold_tasks[0].done()):
             out = self._fold_tasks.popleft().result()
-            if out is not None:  # a checkpoint's publication (a fold returns None)
+            if isinstance(out, _InFlight):  # a checkpoint begun: its records are on their way
+                self._ckpt_inflight = out
+            elif out is not None:  # a checkpoint with nothing to publish (a fold returns None)
                 self._published(out)
 
     def _published(self, out: _Published | KafkaError) -> None:
@@ -1058,6 +1147,25 @@ class _Published:
     partitions: int
     started: float
     published: float
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A checkpoint :meth:`Worker._begin_checkpoint` queued: the update thread's snapshot (its
+    result: ``[(partition state, next_offset, send future)]``) and when it began
+    (``time.perf_counter``)."""
+
+    snapshot: Future
+    started: float
+
+    def acknowledged(self) -> bool:
+        """Whether the snapshot ran and the broker answered for each of its records (or the
+        snapshot failed): :meth:`Worker._check_checkpoint` can finish it without waiting."""
+        if not self.snapshot.done():
+            return False
+        if self.snapshot.exception() is not None or isinstance(self.snapshot.result(), KafkaError):
+            return True
+        return all(f.is_done for _, _, f in self.snapshot.result())
 
 
 class _Rejected(AggregatorError):

@@ -300,17 +300,24 @@ def worker_process(ns) -> int:
         w._consumer.poll = lambda *a, **k: (plain_poll if info["first"] is None else timed_poll)(*a, **k)
 
     w._open = open_
-    # checkpoints: drain + publish + flush (on the fold thread while the main thread polls on,
-    # or on the main thread for the final one), and the offset commits on the main thread
+    # checkpoints: the time threads spend on them — in the main loop marking them (fold thread)
+    # and serializing + sending them (update thread), not waiting for the broker's acks; the
+    # final one's drain + send + flush (main thread) — and the offset commits on the main thread
     ckpt = {"checkpoints": 0, "wall_s": 0.0, "commit_wall_s": 0.0}
     inner_publish, inner_commit = w._publish_due, w._commit
+    inner_begin, inner_snapshot = w._begin_checkpoint, w._snapshot
 
-    def publish(*a, **k):
-        t0 = time.perf_counter()
-        out = inner_publish(*a, **k)
-        ckpt["wall_s"] += time.perf_counter() - t0
-        ckpt["checkpoints"] += 1
-        return out
+    def wall(inner, count):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            out = inner(*a, **k)
+            ckpt["wall_s"] += time.perf_counter() - t0
+            ckpt["checkpoints"] += count
+            return out
+        return call
+
+    publish = wall(inner_publish, 1)
+    w._begin_checkpoint, w._snapshot = wall(inner_begin, 1), wall(inner_snapshot, 0)
 
     def commit(*a, **k):
         t0 = time.perf_counter()

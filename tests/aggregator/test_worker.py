@@ -32,10 +32,14 @@ def records(runtime):
 
 
 class FakeFuture:
-    def __init__(self, error=None):
+    """A send future as kafka-python's: ``is_done`` once the broker answered (here at once)."""
+
+    def __init__(self, error=None, done=True):
         self.error = error
+        self.is_done = done
 
     def get(self, timeout=None):
+        assert self.is_done, "get() of an unacknowledged record would block"
         if self.error is not None:
             raise self.error
         return None
@@ -381,62 +385,65 @@ def test_the_main_thread_polls_again_while_the_previous_poll_is_folded(runtime, 
     assert seen == [True]
 
 
-def test_checkpoints_due_in_run_are_published_off_the_main_thread_and_committed_on_it(runtime, records):
-    """With overlap, a due checkpoint is published by the fold thread while the main thread polls
-    on (the first flush only returns once the main thread has polled after deciding the
-    checkpoint), and its offsets are committed by the main thread (kafka-python's consumer is not
-    thread-safe)."""
+def test_checkpoints_due_in_run_are_sent_by_the_update_thread_and_committed_once_acknowledged(
+        runtime, records):
+    """With overlap, a due checkpoint is marked on the fold thread and sent by the update thread;
+    neither waits for the broker: the main thread polls twice more before the records are
+    acknowledged. Offsets are committed on the main thread (kafka-python's consumer is not
+    thread-safe), and only for acknowledged checkpoints."""
     import threading
 
-    flushes, commit_threads, decided = [], [], []
+    class AckLaterProducer(FakeProducer):
+        """Records are acknowledged two polls after they were sent (flush: at once)."""
 
-    class SlowProducer(FakeProducer):
+        def __init__(self):
+            super().__init__()
+            self.pending = []  # (future, polls made when it was sent, offset)
+            self.threads, self.flushes = [], []
+
+        def send(self, topic, key=None, value=None, headers=None):
+            self.sent.append((topic, key, value, dict(headers or [])))
+            fut = FakeFuture(done=False)
+            if topic == "state":
+                self.threads.append(threading.current_thread().name)
+                self.pending.append((fut, consumer.calls, Checkpoint.from_bytes(value).next_offset))
+            return fut
+
+        def ack(self, calls):
+            for fut, at, _ in self.pending:
+                if calls >= at + 2:
+                    fut.is_done = True
+
         def flush(self, timeout=None):
-            if not flushes:  # the first checkpoint, published while the run is going on
-                deadline = time.monotonic() + 10
-                while consumer.calls <= decided[0] and time.monotonic() < deadline:
-                    time.sleep(0.001)
-                flushes.append(consumer.calls > decided[0])
-            flushes.append(threading.current_thread().name)
+            self.flushes.append((threading.current_thread().name, bool(shutting)))
+            for fut, _, _ in self.pending:
+                fut.is_done = True
 
     class Consumer(FakeConsumer):
         def commit(self, offsets):
-            commit_threads.append(threading.current_thread().name)
+            (om,) = offsets.values()
+            acked = {o for f, _, o in w._producer.pending if f.is_done}
+            commits.append((threading.current_thread().name, om.offset, om.offset in acked))
             super().commit(offsets)
 
+    commits, shutting = [], []
     w = make_worker(runtime, overlap=True, checkpoint_reports=14)  # due after every 2 records
-    w._producer = SlowProducer()
-    consumer = Consumer(_polls(records, [2] * 6))
-    inner_publish = w._publish_due
-
-    def publish(force=False):
-        if not decided:
-            decided.append(-1)  # published on the main thread: nothing to wait for
-        return inner_publish(force)
-
-    w._publish_due = publish
-    inner_start = w._start_threads
-
-    def start_threads():
-        inner_start()
-        submit = w._folder.submit
-
-        def tracked(fn, *a):
-            if fn == w._publish_due_or_broker_error and not decided:
-                decided.append(consumer.calls)  # polls made when the checkpoint was decided
-            return submit(fn, *a)
-
-        w._folder.submit = tracked
-
-    w._start_threads = start_threads
+    w._producer = AckLaterProducer()
+    inner_shutdown = w._shutdown
+    w._shutdown = lambda: (shutting.append(1), inner_shutdown())
+    consumer = Consumer(_polls(records, [2] * 6), on_poll=lambda calls: w._producer.ack(calls))
     assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
-    assert decided[0] >= 0 and flushes[0] is True
-    assert flushes[1].startswith("ldp-fold")
-    assert commit_threads and set(commit_threads) == {"MainThread"}
-    assert [c[next(iter(c))].offset for c in consumer.commits][-1] == 12
-    # the published states equal an inline fold of the same polls
-    assert Checkpoint.from_bytes(w._producer.sent[-1][2]).states == \
-        _inline_checkpoint(runtime, records, [2] * 6).states
+    background = w._producer.threads[:-1]  # the last one is the final checkpoint's (main thread)
+    assert background and all(name.startswith("ldp-update") for name in background)
+    assert len(commits) >= 2 and all(name == "MainThread" and acked for name, _, acked in commits)
+    # only the final checkpoint (and the one on its way then) waits for the broker
+    assert w._producer.flushes and set(w._producer.flushes) == {("MainThread", True)}
+    assert [o for _, _, o in commits] == sorted(o for _, _, o in commits) and commits[-1][1] == 12
+    # the states sent in the background are those of an inline fold of the same polls
+    first = next(v for t, _, v, _ in w._producer.sent if t == "state")
+    ck = Checkpoint.from_bytes(first)
+    assert ck.states == _inline_checkpoint(runtime, records, [2] * (ck.next_offset // 2)).states
+    assert ck.reports == ck.next_offset * 7 and ck.records == ck.next_offset
 
 
 def test_a_broker_error_while_publishing_in_the_background_is_retried(runtime, records, caplog):
@@ -450,6 +457,29 @@ def test_a_broker_error_while_publishing_in_the_background_is_retried(runtime, r
     assert w._failure is None
     assert Checkpoint.from_bytes(w._producer.sent[-1][2]).next_offset == 12
     assert consumer.commits  # committed once the broker was back
+
+
+def test_a_send_refused_before_it_leaves_is_retried_and_does_not_stop_the_worker(runtime, records, caplog):
+    """``send`` itself raises a broker error (no metadata within ``max_block_ms``) on the update
+    thread: the checkpoint is retried later, the updates and folds go on."""
+    from kafka.errors import KafkaTimeoutError
+
+    class NoMetadataOnce(FakeProducer):
+        def send(self, topic, key=None, value=None, headers=None):
+            if topic == "state" and not troubles:
+                raise KafkaTimeoutError("no metadata for 'state'")
+            return super().send(topic, key, value, headers)
+
+    troubles = []
+    w = make_worker(runtime, overlap=True, checkpoint_reports=14)
+    w._producer = NoMetadataOnce()
+    w._broker_trouble = lambda what, exc: troubles.append((what, type(exc).__name__))
+    consumer = FakeConsumer(_polls(records, [2] * 6))
+    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
+    assert troubles == [("checkpoint", "KafkaTimeoutError")] and w._failure is None
+    assert consumer.commits and consumer.commits[-1][next(iter(consumer.commits[-1]))].offset == 12
+    assert Checkpoint.from_bytes(w._producer.sent[-1][2]).states == \
+        _inline_checkpoint(runtime, records, [2] * 6).states
 
 
 def test_a_poll_capped_at_max_poll_records_is_folded_in_the_main_thread(runtime, records):
