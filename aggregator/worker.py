@@ -404,7 +404,8 @@ class Worker:
         identical to ``False`` (everything inline, in the main thread): every checkpoint and
         shutdown first waits for both threads, a revoke for the update in flight; checkpoints
         that fall due in :meth:`run` are marked by the fold thread and sent by the update thread
-        behind the updates before them, without waiting for either. A poll that returned
+        behind the updates before them; only the offset commit waits for the broker's
+        acknowledgement. A poll that returned
         ``max_poll_records`` records is folded in the main thread: kafka-python still holds
         records, so the next poll does not wait for the network, and many small records would
         otherwise cost GIL hand-offs between the two threads. Returning to
@@ -879,16 +880,20 @@ class Worker:
             self._inflight.append(snapshot)
         return _InFlight(snapshot, t0)
 
-    def _snapshot(self, marked: list[tuple[PartitionState, _Mark]]) -> list[tuple] | KafkaError:
+    def _snapshot(self, marked: list[tuple[PartitionState, _Mark]]) -> list[tuple] | Exception:
         """Update thread: :meth:`_send` the marked checkpoints (their states now hold exactly the
-        records below their marks: the updates before this task, and none after). A broker error
-        of ``send`` (e.g. no metadata within ``max_block_ms``) is returned, not raised: the waits
-        for the update thread's tasks would take it for a failed update."""
+        records below their marks: the updates before this task, and none after) of the
+        partitions still owned by the same state — a revoke drains this task before it drops its
+        partitions, a loss does not, and a lost partition's checkpoint must not be sent after its
+        next owner's. An error of ``send`` (a broker error, e.g. no metadata within
+        ``max_block_ms``, or anything else) is returned, not raised: the fold thread's waits for
+        the update thread's tasks would take it for a failed update;
+        :meth:`_check_checkpoint` retries the first and raises the rest."""
         if self._failure is not None:
             raise self._failure
         try:
-            return self._send(marked)
-        except KafkaError as exc:
+            return self._send([(ps, m) for ps, m in marked if self.owned.get(ps.partition) is ps])
+        except Exception as exc:
             return exc
 
     def _check_checkpoint(self, block: bool) -> None:
@@ -899,14 +904,20 @@ class Worker:
         if fl is None or not (block or fl.acknowledged()):
             return
         self._ckpt_inflight = None
+        sent = fl.snapshot.result()  # raises only a failed update or fold (no checkpoint after it)
+        if isinstance(sent, Exception) and not isinstance(sent, KafkaError):
+            raise sent
         try:
-            sent = fl.snapshot.result()
             if isinstance(sent, KafkaError):
                 raise sent
             offsets = self._settle(sent, flush=block)
         except KafkaError as exc:
             self._published(exc)
             return
+        # a partition revoked or lost meanwhile: its next owner commits (committing this older
+        # offset would move the group's offset back)
+        owned = {ps.partition for ps, _, _ in sent if self.owned.get(ps.partition) is ps}
+        offsets = {tp: om for tp, om in offsets.items() if tp.partition in owned}
         self._published(_Published(offsets, len(offsets), fl.started, time.perf_counter()))
 
     def _commit(self, published: _Published) -> None:
@@ -1163,7 +1174,7 @@ class _InFlight:
         snapshot failed): :meth:`Worker._check_checkpoint` can finish it without waiting."""
         if not self.snapshot.done():
             return False
-        if self.snapshot.exception() is not None or isinstance(self.snapshot.result(), KafkaError):
+        if self.snapshot.exception() is not None or isinstance(self.snapshot.result(), Exception):
             return True
         return all(f.is_done for _, _, f in self.snapshot.result())
 

@@ -303,21 +303,24 @@ def worker_process(ns) -> int:
     # checkpoints: the time threads spend on them — in the main loop marking them (fold thread)
     # and serializing + sending them (update thread), not waiting for the broker's acks; the
     # final one's drain + send + flush (main thread) — and the offset commits on the main thread
+    # (one key per thread: the fold and update threads run theirs at the same time)
     ckpt = {"checkpoints": 0, "wall_s": 0.0, "commit_wall_s": 0.0}
+    walls = {"mark": 0.0, "snapshot": 0.0, "final": 0.0}
     inner_publish, inner_commit = w._publish_due, w._commit
     inner_begin, inner_snapshot = w._begin_checkpoint, w._snapshot
 
-    def wall(inner, count):
+    def wall(inner, key):
         def call(*a, **k):
             t0 = time.perf_counter()
             out = inner(*a, **k)
-            ckpt["wall_s"] += time.perf_counter() - t0
-            ckpt["checkpoints"] += count
+            walls[key] += time.perf_counter() - t0
+            if key != "snapshot":
+                ckpt["checkpoints"] += 1
             return out
         return call
 
-    publish = wall(inner_publish, 1)
-    w._begin_checkpoint, w._snapshot = wall(inner_begin, 1), wall(inner_snapshot, 0)
+    publish = wall(inner_publish, "final")
+    w._begin_checkpoint, w._snapshot = wall(inner_begin, "mark"), wall(inner_snapshot, "snapshot")
 
     def commit(*a, **k):
         t0 = time.perf_counter()
@@ -387,7 +390,8 @@ def worker_process(ns) -> int:
     info["update_thread"] = {**upd, "per_query": per_query}
     info["main_thread"] = main_steps
     info["fold"] = fold_steps
-    info["checkpoint"] = ckpt
+    info["checkpoint"] = {**ckpt, "wall_s": sum(walls.values()),
+                          **{f"{k}_wall_s": v for k, v in walls.items()}}
     info["records"] = w.processed_records
     info["partitions"] = sorted(info["partitions"])
     Path(ns.out).write_text(json.dumps(info))

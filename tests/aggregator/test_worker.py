@@ -482,6 +482,97 @@ def test_a_send_refused_before_it_leaves_is_retried_and_does_not_stop_the_worker
         _inline_checkpoint(runtime, records, [2] * 6).states
 
 
+class _UnackedProducer(FakeProducer):
+    """Records stay unacknowledged until ``flush``."""
+
+    def send(self, topic, key=None, value=None, headers=None):
+        self.sent.append((topic, key, value, dict(headers or [])))
+        self.futures = [*getattr(self, "futures", []), FakeFuture(done=False)]
+        return self.futures[-1]
+
+    def flush(self, timeout=None):
+        for f in getattr(self, "futures", []):
+            f.is_done = True
+
+
+def _state_offsets(producer):
+    return [Checkpoint.from_bytes(v).next_offset for t, _, v, _ in producer.sent if t == "state"]
+
+
+def test_a_checkpoint_begun_before_a_partition_is_lost_is_not_sent_after_the_loss(runtime, records):
+    """kafka-python reports a loss without a drain: a snapshot still queued behind an update must
+    not publish the lost partition (its next owner may already have published a later one)."""
+    import threading
+
+    from kafka import TopicPartition
+
+    w = _with_update_thread(make_worker(runtime, overlap=True))
+    w._consumer = FakeConsumer([])
+    gate = threading.Event()
+    st = next(iter(w.owned[0].states.values()))
+    inner = st.update
+    st.update = lambda batch, x2: (gate.wait(10), inner(batch, x2))
+    w._process(0, [rec(i, records[i]) for i in range(2)])  # its update waits for the gate
+    w._ckpt_inflight = w._begin_checkpoint()  # queued behind that update
+    w._on_lost([TopicPartition("reports", 0)])
+    gate.set()
+    w._check_checkpoint(block=True)
+    assert _state_offsets(w._producer) == [] and w._consumer.commits == []
+    w._updater.shutdown()
+
+
+def test_offsets_of_a_partition_revoked_while_its_checkpoint_was_on_its_way_are_not_committed(runtime,
+                                                                                              records):
+    """The revoke publishes the partition itself; committing the older checkpoint's offsets
+    afterwards could move the group's offset back behind the next owner's."""
+    from kafka import TopicPartition
+
+    w = _with_update_thread(make_worker(runtime, overlap=True))
+    w._producer, w._consumer = _UnackedProducer(), FakeConsumer([])
+    w._process(0, [rec(i, records[i]) for i in range(2)])
+    w._ckpt_inflight = w._begin_checkpoint()
+    w._ckpt_inflight.snapshot.result(timeout=10)
+    assert not w._ckpt_inflight.acknowledged()
+    w._on_revoked([TopicPartition("reports", 0)])  # drains, publishes and flushes partition 0
+    assert w._ckpt_inflight.acknowledged()
+    w._check_checkpoint(block=False)
+    assert _state_offsets(w._producer) == [2, 2] and w._consumer.commits == []
+    # with the partition still owned, the same sequence commits
+    w2 = _with_update_thread(make_worker(runtime, overlap=True))
+    w2._producer, w2._consumer = _UnackedProducer(), FakeConsumer([])
+    w2._process(0, [rec(i, records[i]) for i in range(2)])
+    w2._ckpt_inflight = w2._begin_checkpoint()
+    w2._ckpt_inflight.snapshot.result(timeout=10)
+    w2._producer.flush()
+    w2._check_checkpoint(block=False)
+    assert [om.offset for c in w2._consumer.commits for om in c.values()] == [2]
+    w._updater.shutdown()
+    w2._updater.shutdown()
+
+
+def test_a_snapshot_error_stops_the_worker_from_the_main_thread_not_the_next_fold(runtime, records):
+    """A non-broker error while sending a checkpoint is a bug: it is raised where the main thread
+    finishes the checkpoint; the fold that waits for the update thread behind it goes on."""
+
+    class Broken(FakeProducer):
+        def send(self, topic, key=None, value=None, headers=None):
+            if topic == "state":
+                raise ValueError("partitioner bug")
+            return super().send(topic, key, value, headers)
+
+    w = _with_update_thread(make_worker(runtime, overlap=True))
+    w._producer, w._consumer = Broken(), FakeConsumer([])
+    w._process(0, [rec(i, records[i]) for i in range(2)])
+    w._ckpt_inflight = w._begin_checkpoint()
+    for i in range(2, 6):  # folds after it wait for the snapshot (one update in flight)
+        w._process(0, [rec(i, records[i])])
+    assert w._failure is None and w.owned[0].next_offset == 6
+    with pytest.raises(ValueError, match="partitioner bug"):
+        w._check_checkpoint(block=True)
+    assert w._consumer.commits == []
+    w._updater.shutdown()
+
+
 def test_a_poll_capped_at_max_poll_records_is_folded_in_the_main_thread(runtime, records):
     """kafka-python still holds records after a capped poll, so the worker folds it inline; a
     poll below the cap goes to the fold thread."""
