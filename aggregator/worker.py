@@ -905,13 +905,14 @@ class Worker:
             return
         self._ckpt_inflight = None
         sent = fl.snapshot.result()  # raises only a failed update or fold (no checkpoint after it)
-        if isinstance(sent, Exception) and not isinstance(sent, KafkaError):
+        if isinstance(sent, KafkaError):  # send refused: retried once the next one falls due
+            self._published(sent)
+            return
+        if isinstance(sent, Exception):
             raise sent
         try:
-            if isinstance(sent, KafkaError):
-                raise sent
             offsets = self._settle(sent, flush=block)
-        except KafkaError as exc:
+        except KafkaError as exc:  # a record refused by the broker
             self._published(exc)
             return
         # a partition revoked or lost meanwhile: its next owner commits (committing this older
