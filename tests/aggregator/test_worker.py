@@ -385,6 +385,23 @@ def test_the_main_thread_polls_again_while_the_previous_poll_is_folded(runtime, 
     assert seen == [True]
 
 
+class _UnackedProducer(FakeProducer):
+    """Records stay unacknowledged until ``flush`` (or a test sets ``is_done``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.futures = []
+
+    def send(self, topic, key=None, value=None, headers=None):
+        self.sent.append((topic, key, value, dict(headers or [])))
+        self.futures.append(FakeFuture(done=False))
+        return self.futures[-1]
+
+    def flush(self, timeout=None):
+        for f in self.futures:
+            f.is_done = True
+
+
 def test_checkpoints_due_in_run_are_sent_by_the_update_thread_and_committed_once_acknowledged(
         runtime, records):
     """With overlap, a due checkpoint is marked on the fold thread and sent by the update thread;
@@ -393,7 +410,7 @@ def test_checkpoints_due_in_run_are_sent_by_the_update_thread_and_committed_once
     thread-safe), and only for acknowledged checkpoints."""
     import threading
 
-    class AckLaterProducer(FakeProducer):
+    class AckLaterProducer(_UnackedProducer):
         """Records are acknowledged two polls after they were sent (flush: at once)."""
 
         def __init__(self):
@@ -402,8 +419,7 @@ def test_checkpoints_due_in_run_are_sent_by_the_update_thread_and_committed_once
             self.threads, self.flushes = [], []
 
         def send(self, topic, key=None, value=None, headers=None):
-            self.sent.append((topic, key, value, dict(headers or [])))
-            fut = FakeFuture(done=False)
+            fut = super().send(topic, key, value, headers)
             if topic == "state":
                 self.threads.append(threading.current_thread().name)
                 self.pending.append((fut, consumer.calls, Checkpoint.from_bytes(value).next_offset))
@@ -416,8 +432,7 @@ def test_checkpoints_due_in_run_are_sent_by_the_update_thread_and_committed_once
 
         def flush(self, timeout=None):
             self.flushes.append((threading.current_thread().name, bool(shutting)))
-            for fut, _, _ in self.pending:
-                fut.is_done = True
+            super().flush(timeout)
 
     class Consumer(FakeConsumer):
         def commit(self, offsets):
@@ -480,19 +495,6 @@ def test_a_send_refused_before_it_leaves_is_retried_and_does_not_stop_the_worker
     assert consumer.commits and consumer.commits[-1][next(iter(consumer.commits[-1]))].offset == 12
     assert Checkpoint.from_bytes(w._producer.sent[-1][2]).states == \
         _inline_checkpoint(runtime, records, [2] * 6).states
-
-
-class _UnackedProducer(FakeProducer):
-    """Records stay unacknowledged until ``flush``."""
-
-    def send(self, topic, key=None, value=None, headers=None):
-        self.sent.append((topic, key, value, dict(headers or [])))
-        self.futures = [*getattr(self, "futures", []), FakeFuture(done=False)]
-        return self.futures[-1]
-
-    def flush(self, timeout=None):
-        for f in getattr(self, "futures", []):
-            f.is_done = True
 
 
 def _state_offsets(producer):
