@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from aggregator.errors import AggregatorError
-from ingest.broker import free_port, set_parent_death_signal, stop_process
+from ingest.broker import EXIT_WITH_PARENT_ENV, free_port, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -126,19 +125,18 @@ class _Child:
             return ""
 
 
-def _child_preexec() -> None:  # pragma: no cover - runs in the forked child
-    """New session (a terminal's Ctrl-C reaches only the demo, which stops children in order),
-    and SIGTERM to the child if the demo process dies without cleaning up (Linux)."""
-    os.setsid()
-    set_parent_death_signal(signal.SIGTERM)
-
-
 def _spawn(name: str, args: list[str], log_dir: Path, url: str | None = None) -> _Child:
+    """Start ``ldp-stream <args>`` in a new session (a terminal's Ctrl-C reaches only the demo,
+    which stops its children in order); the child asks for SIGTERM when the demo dies without
+    cleaning up (``ingest.broker.exit_with_parent``, Linux). No ``preexec_fn``: with one,
+    ``subprocess`` forks the whole process and OpenBLAS's fork handler can leave a matrix
+    product of another thread hanging forever."""
     log_path = log_dir / f"{name}.log"
     fh = open(log_path, "wb")
     cmd = [sys.executable, "-m", "aggregator.cli", *args]
+    env = {**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())}
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=_child_preexec)
+                            env=env, start_new_session=True)
     fh.close()
     return _Child(name, proc, log_path, url)
 
@@ -246,7 +244,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
     from ingest.broker import EmbeddedBroker
     from ingest.schema import TelemetrySchema
 
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)  # no hard wraps in logs and pipes
     out = Path(opts.output_dir)
     if out.exists() and not out.is_dir():
         raise DemoError(f"--output {out} exists and is not a directory")
@@ -268,13 +266,14 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                   f"({prepared.n_sent / max(prepared.privatize_s, 1e-9):,.0f} reports/s)")
 
     template = PipelineConfig.load(opts.pipeline_path)
-    truth: dict = {}  # filled in the background while the broker and workers start
+    truth: dict = {}  # filled in the background while the workers start and the reports stream
 
     def _truth() -> None:
         truth.update(compute_truth(template, schema, prepared.raw))
 
+    # started once every process is: the broker's start forks (its parent-death signal needs
+    # preexec_fn), and a fork while this thread is inside OpenBLAS can hang it for good
     truth_thread = threading.Thread(target=_truth, name="demo-truth", daemon=True)
-    truth_thread.start()
 
     children: list[_Child] = []
     progress = _Progress()
@@ -295,6 +294,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
             children.append(_spawn(f"worker-{i + 1}", ["work", "--config", str(cfg_path),
                                                        "--metrics-port", str(mport)],
                                    out / "logs", f"http://127.0.0.1:{mport}/metrics"))
+        truth_thread.start()
         workers = [c for c in children if c.name.startswith("worker")]
         serve = children[0]
         _wait_http(serve_url + "/healthz", children, timeout=60)
@@ -313,7 +313,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         final, not_ready = _wait_final(serve_url, prepared.n_sent, timeout=60)
         final = final or progress.estimates
         progress.history.append((time.monotonic() - progress.started, final))
-        truth_thread.join()
+        _join_truth(truth_thread, deadline=t_start + opts.timeout_s, console=console)
         report = build_report(template, schema, final, truth, progress, prepared,
                               time.monotonic() - progress.started,
                               total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready)
@@ -345,12 +345,24 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         if report is None and not progress.history:
             console.print("nothing was streamed yet: no report written")
         elif report is None:
-            truth_thread.join(timeout=30)
+            _join_truth(truth_thread, deadline=time.monotonic() + 30, console=console)
             partial = build_report(template, schema, progress.estimates, truth, progress, prepared,
                                    time.monotonic() - progress.started,
                                    total_s=time.monotonic() - t_start, opts=opts, partial=True)
             write_outputs(out, partial, progress.history, truth, schema)
             console.print(f"partial report: {out / 'report.md'}")
+
+
+def _join_truth(thread: threading.Thread, deadline: float, console) -> None:
+    """Wait for the truth thread until ``deadline`` (``time.monotonic()``); past it the report
+    is written without the truth (its estimates are then not judged), with a warning."""
+    if thread.ident is None:  # never started (the run stopped before every process was up)
+        return
+    thread.join(timeout=max(1.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        console.print("[yellow]warning[/]: the non-private truth was not computed in time; "
+                      "the report has no truth column")
+        log.warning("truth thread still running at the deadline; report written without the truth")
 
 
 def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple[Path, dict]:

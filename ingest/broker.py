@@ -113,6 +113,34 @@ def set_parent_death_signal(sig: int) -> None:  # pragma: no cover - runs in a f
         pass
 
 
+#: Environment variable naming the process whose death should stop this one
+#: (:func:`exit_with_parent`).
+EXIT_WITH_PARENT_ENV = "LDP_STREAM_EXIT_WITH_PARENT"
+
+
+def exit_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In a child started with ``EXIT_WITH_PARENT_ENV=<parent pid>``: have the kernel send ``sig``
+    to this process when its parent dies, and send it now if the parent is already gone.
+
+    The child-side form of :func:`set_parent_death_signal`: its parent can then start it without
+    ``preexec_fn``, which makes ``subprocess`` fork the whole process (not ``vfork``) and run
+    the libraries' fork handlers — OpenBLAS's stops its threads, and a matrix product running
+    meanwhile on another thread of the parent never returns. The variable is removed from the
+    environment so that this process's own children do not inherit it. No-op when it is unset
+    or not an integer, and where ``prctl`` is unavailable.
+    """
+    value = os.environ.pop(EXIT_WITH_PARENT_ENV, None)
+    try:
+        parent = int(value) if value is not None else None
+    except ValueError:
+        return
+    if parent is None:
+        return
+    set_parent_death_signal(sig)
+    if os.getppid() != parent:  # it died before the request above: nobody would signal us
+        os.kill(os.getpid(), sig)
+
+
 def _pdeathsig_preexec() -> None:  # pragma: no cover - runs in the forked child
     """SIGKILL the broker when its parent thread dies."""
     set_parent_death_signal(signal.SIGKILL)

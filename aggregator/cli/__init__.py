@@ -15,6 +15,7 @@ import logging
 import sys
 
 from aggregator.errors import AggregatorError
+from ingest.broker import exit_with_parent
 from ingest.errors import IngestError
 from mechanisms.errors import MechanismError
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ldp-stream`` console script; returns the exit status."""
+    exit_with_parent()  # when started by the demo: stop if it dies (ingest.broker.exit_with_parent)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
