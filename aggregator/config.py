@@ -451,6 +451,7 @@ def validate_queries(queries, schema) -> None:
                 )
         if isinstance(q, CustomQuery):
             loss = load_custom_loss(q.loss, key=f"{prefix}.loss")
+            check_loss_fields(loss, q.fields, schema, key=f"{prefix}.fields", loss_name=q.loss)
             if q.estimator in ("sdr", "sl") and not _is_smooth(loss):
                 raise ConfigError(
                     f"{prefix}.estimator: {q.estimator!r} needs a loss twice differentiable in the "
@@ -458,6 +459,45 @@ def validate_queries(queries, schema) -> None:
                 )
         if isinstance(q, LogisticRegressionQuery) and q.threshold is not None and q.estimator != "dr":
             raise ConfigError(f"{prefix}.estimator: a thresholded label needs 'dr'")  # pragma: no cover
+
+
+def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str) -> None:
+    """Check the numeric ``fields`` that a custom loss's records are made of, before any report
+    is read: at least one, distinct, numeric fields of ``schema``, and as many as the loss takes
+    (its ``check_x`` on one all-zero record, where it has one — ``mechanisms.losses.Loss``).
+
+    Used by ``validate_queries`` (``kind = "custom"``) and ``ldp-stream analyze --loss``: a loss
+    run on records of the wrong width gives a meaningless number in the workers, and ``analyze``
+    would find out only after replaying the topic.
+
+    Raises
+    ------
+    ConfigError
+        ``<key>: <problem>``.
+    """
+    fields = list(fields)
+    if not fields:
+        raise ConfigError(f"{key}: name at least one numeric field of {list(_numeric_names(schema))}")
+    if len(set(fields)) != len(fields):
+        raise ConfigError(f"{key}: fields must be distinct, got {fields}")
+    numeric = _numeric_names(schema)
+    for name in fields:
+        if name not in numeric:
+            categorical = name in _categorical_names(schema)
+            where = "a categorical field" if categorical else "not a field of the schema"
+            raise ConfigError(f"{key}: {name!r} is {where}; a loss needs numeric fields {list(numeric)}")
+    check = getattr(loss, "check_x", None)
+    if check is None:
+        return
+    import numpy as np
+
+    from mechanisms.errors import MechanismError
+
+    try:
+        check(np.zeros((1, len(fields))), name="record")
+    except (MechanismError, ValueError) as exc:
+        raise ConfigError(f"{key}: {len(fields)} field(s) {fields} do not fit the loss "
+                          f"{loss_name!r}: {_one_line(exc)}") from None
 
 
 def _field_keys(q: Query) -> list[tuple[str, str]]:

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     """Replay and print the analyses; exit 2 on a configuration error, 1 if a query could not be
     fitted (the others are still printed)."""
     from aggregator.analyze import analyze_loss, analyze_query, replay
-    from aggregator.config import PipelineConfig, load_custom_loss
+    from aggregator.config import PipelineConfig, check_loss_fields, load_custom_loss
     from aggregator.errors import AggregatorError, CLIError
     from aggregator.worker import PipelineRuntime, client_config
     from mechanisms.errors import MechanismError
@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if args.loss and args.query is None:
         queries = []
     loss = load_custom_loss(args.loss, key="--loss") if args.loss else None
-    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else []
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields is not None else []
+    if loss is not None:  # before the replay, which can take minutes
+        check_loss_fields(loss, fields, cfg.telemetry_schema, key="--fields", loss_name=args.loss)
     from ingest.kafka import KafkaSettings, reachable
 
     settings = KafkaSettings.coerce(cfg.kafka)

@@ -89,6 +89,12 @@ def test_defaults_and_relative_schema(tmp_path):
          'estimator = "sdr"\n', r"queries\.c\.estimator: 'sdr' needs a loss twice differentiable"),
         ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "json:dumps"\nfields = ["a"]\n',
          r"queries\.c\.loss"),
+        # the check loss takes one column: two fields would run it on the wrong records
+        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:CheckLoss"\n'
+         'fields = ["a", "b"]\n', r"queries\.c\.fields: 2 field\(s\) \['a', 'b'\] do not fit the loss "
+         r"'mechanisms.losses:CheckLoss'.*exactly 1 column"),
+        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:CheckLoss"\n'
+         'fields = ["c"]\n', r"queries\.c\.fields: 'c' is a categorical field"),
         ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\n[[queries]]\nkind = "mean"\nname = "m"\n'
          'field = "b"\n', "used twice"),
         ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\nlevel = 1.5\n', r"queries\.m\.level"),

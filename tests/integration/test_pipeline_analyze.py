@@ -61,3 +61,12 @@ def test_analyze_usage_errors(tmp_path, capsys):
     assert "--fields" in capsys.readouterr().err
     assert main(["analyze", "--config", str(path), "--loss", "nope_mod:f", "--fields", "arr_delay"]) == 2
     assert "nope_mod" in capsys.readouterr().err
+    # fields that do not fit the loss are refused before any broker is contacted (9 is closed)
+    for fields, match in (("arr_delay,dep_delay", "do not fit the loss"), ("", "at least one"),
+                          ("arr_delay,arr_delay", "distinct"), ("carrier", "categorical"),
+                          ("nope", "not a field")):
+        assert main(["analyze", "--config", str(path), "--loss", "mechanisms.losses:CheckLoss",
+                     "--fields", fields]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ldp-stream analyze: error: --fields: ") and match in err, err
+        assert err.count("\n") == 1 and "no Kafka broker" not in err
