@@ -112,7 +112,8 @@ def test_child_stops_when_its_parent_dies():
 
 def test_child_of_an_already_dead_parent_stops_at_once():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LDP_STREAM_EXIT_WITH_PARENT": "1"}  # pid 1: not our parent
-    with subprocess.Popen([sys.executable, "-c", _CHILD], env=env, stdout=subprocess.PIPE, text=True) as child:
+    cmd = [sys.executable, "-c", _CHILD]
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as child:
         try:
             assert child.wait(timeout=30) == -15  # SIGTERM before "started"
             assert child.stdout.read() == ""
