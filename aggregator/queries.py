@@ -73,7 +73,7 @@ class SGDOptions(_Frozen):
     Attributes
     ----------
     step0 : float or None
-        γ₀ > 0, in standardized coordinates (covariates scaled to [0, 1] by the schema bounds);
+        γ₀ > 0, in standardized coordinates (fields scaled to [−1, 1] by the schema bounds);
         ``None`` picks a per-kind default (logistic 10, quantile regression 2, custom 0.5).
     step_power : float
         a ∈ (0.5, 1); 0.505–0.6 recommended.
@@ -89,9 +89,10 @@ class SGDOptions(_Frozen):
         ``θ̂ = H⁻¹(Σ H_i θ_t − Σ g_i)``, with the plug-in sandwich ``H⁻¹ Ŝ H⁻ᵀ`` — every sum merges
         exactly by addition across partitions. ``"random_scaling"``: the Polyak–Ruppert average
         with random-scaling intervals (Lee, Liao, Seo & Shin 2022); partitions combine by
-        inverse-variance weighting. ``"auto"`` (default): plugin for losses with a continuous
-        θ-gradient (logistic, smooth custom losses), random scaling for kinked ones (quantile
-        regression, check, hinge: their one-step linearization failed on the flights demo).
+        their numbers of averaged steps (``aggregator.state.sgd``). ``"auto"`` (default): plugin
+        for losses with a continuous θ-gradient (logistic, smooth custom losses), random
+        scaling for kinked ones (quantile regression, check, hinge: their one-step
+        linearization failed on the flights demo).
 
     Raises
     ------

@@ -112,7 +112,7 @@ def test_merge_of_halves(qd, schema, data):
             np.testing.assert_allclose(getattr(e2, a), getattr(e1, a), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(summed.estimate().value, e1.value, rtol=1e-9, atol=1e-12)
     else:
-        # SGD: inverse-variance combination, not bit-identical; agrees within the CIs
+        # SGD random scaling: runs combined by step counts, not bit-identical; agrees within the CIs
         half = (e1.ci_high - e1.ci_low) / 2
         assert np.all(np.abs(e2.value - e1.value) < 2 * half)
         assert left.comp_s.size == 1
