@@ -7,7 +7,8 @@ settings (TLS, SASL) and the Tansu quirks of DESIGN §6 are handled in one place
   :meth:`~KafkaSettings.consumer_config`, :meth:`~KafkaSettings.admin_config` return kafka-python
   keyword arguments with TLS/SASL passed through.
 * :data:`FAST_GROUP_SETTINGS` — consumer-group timeouts for ~3 s joins (DESIGN §6).
-* :func:`ensure_topic` — idempotent topic creation that waits for metadata.
+* :func:`ensure_topic` — idempotent topic creation that waits for metadata;
+  :func:`check_topic_name` — the names Kafka accepts, checked before any connection.
 * :func:`high_watermarks` — end offsets that honour Tansu's short ``end_offsets()``.
 * :class:`Transport` — what :class:`ingest.producer.ReportProducer` needs from a client library;
   :class:`KafkaPythonTransport` is the default implementation.
@@ -352,6 +353,22 @@ def reachable(settings: KafkaSettings, timeout: float = 1.0) -> bool:
     return False
 
 
+def check_topic_name(name, key: str = "name") -> str:
+    """Return ``name`` if Kafka accepts it as a topic name: 1–249 characters of
+    ``[A-Za-z0-9._-]``, not ``.`` or ``..``.
+
+    Raises
+    ------
+    ConfigError
+        ``<key> must be 1-249 characters of [A-Za-z0-9._-], got '…'``.
+    """
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name) or name in (".", ".."):
+        raise ConfigError(f"{key} must be 1-249 characters of [A-Za-z0-9._-], got {name!r}")
+    return name
+
+
 def ensure_topic(settings: KafkaSettings | str, name: str, partitions: int,
                  config: Mapping[str, str] | None = None, *, replication_factor: int = 1,
                  timeout: float = 15.0) -> bool:
@@ -389,14 +406,12 @@ def ensure_topic(settings: KafkaSettings | str, name: str, partitions: int,
     -----
     Idempotent and safe under races: ``TopicAlreadyExistsError`` counts as success.
     """
-    import re
 
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name) or name in (".", ".."):
-        raise ConfigError(f"name must be 1-249 characters of [A-Za-z0-9._-], got {name!r}")
+    check_topic_name(name)
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise ConfigError(f"partitions must be an int >= 1, got {partitions!r}")
     rf = replication_factor

@@ -595,7 +595,9 @@ def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
         msg = err.get("msg", "invalid")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        msgs.append(f"{label}: {msg}" if label else msg)
+        # the field's own checks already start with "categorical field 'x'" / "numeric field 'x'"
+        named = label and msg.startswith(label.rsplit(".", 1)[-1])
+        msgs.append(f"{label}: {msg}" if label and not named else msg)
     return "invalid schema: " + "; ".join(msgs)
 
 

@@ -47,11 +47,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    """The parser of subcommand ``command`` (None if there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ldp-stream`` console script; returns the exit status."""
     exit_with_parent()  # when started by the demo: stop if it dies (ingest.broker.exit_with_parent)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the subcommand whose usage was wrong, not the top-level program
+        sub = _subparser(parser, getattr(args, "command", None))
+        hint = (" (-v/--verbose goes before the subcommand: ldp-stream -v COMMAND …)"
+                if sub is not None and {"-v", "--verbose", "-vv"} & set(extra) else "")
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -50,10 +50,15 @@ def _directory(text: str) -> Path:
 def _run(args: argparse.Namespace) -> int:
     from aggregator.cli._signals import sigterm_as_interrupt
     from aggregator.demo import DemoOptions, run_demo
+    from aggregator.errors import CLIError
 
-    opts = DemoOptions(limit=args.limit, output_dir=args.output, workers=args.workers,
-                       partitions=args.partitions, reports_per_record=args.reports_per_record,
-                       keep_running=args.keep_running, rate=args.rate or None,
-                       live=not args.no_live and sys.stderr.isatty(), timeout_s=args.timeout)
+    try:
+        opts = DemoOptions(limit=args.limit, output_dir=args.output, workers=args.workers,
+                           partitions=args.partitions, reports_per_record=args.reports_per_record,
+                           keep_running=args.keep_running, rate=args.rate or None,
+                           live=not args.no_live and sys.stderr.isatty(), timeout_s=args.timeout)
+    except ValueError as exc:  # DemoOptions names its fields; the user typed the flags
+        field, _, rest = str(exc).partition(" ")
+        raise CLIError(f"--{field.replace('_', '-')} {rest}") from None
     with sigterm_as_interrupt():
         return run_demo(opts)

@@ -171,8 +171,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"c = {c:.6f}")
     print(f"scale = {scale:.6f}")
     print(
-        f"ZIL(zero_prob={args.zero_prob:g}, scale={scale:.6g}) over diameter {args.diameter:g} is "
-        f"({args.epsilon:g}, {args.delta:g})-DP ({how}); {100 * args.zero_prob:g}% of reports are "
+        # the user's parameters as given (:g would print δ = 0.99999999 as 1)
+        f"ZIL(zero_prob={args.zero_prob:.12g}, scale={scale:.6g}) over diameter {args.diameter:.12g} is "
+        f"({args.epsilon:.12g}, {args.delta:.12g})-DP ({how}); {100 * args.zero_prob:.12g}% of reports are "
         "released exactly, without noise."
     )
     return 0

@@ -53,14 +53,18 @@ def _apply_config(args: argparse.Namespace):
     """Fill unset --schema/--bootstrap-servers/--topic/--partitions from --config; returns the
     config's KafkaSettings (or None)."""
     from aggregator.errors import CLIError
+    from ingest.kafka import check_topic_name
 
     kafka = None
+    if args.topic is not None:  # checked before any connection attempt; '' is not "unset"
+        check_topic_name(args.topic, "--topic")
     if args.config:
         from aggregator.config import PipelineConfig
 
         cfg = PipelineConfig.load(args.config, validate=False)
         args.schema = args.schema or str(cfg.pipeline.schema_path)
-        args.topic = args.topic or cfg.topics.reports
+        if args.topic is None:
+            args.topic = check_topic_name(cfg.topics.reports, "topics.reports")
         args.partitions = cfg.topics.partitions if args.partitions is None else args.partitions
         kafka = cfg.kafka
         if args.bootstrap_servers:
@@ -121,6 +125,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CLIError(f"--batch-size must be in [1, 1000000] reports per record, got {args.batch_size}")
     if args.partitions < 1:
         raise CLIError(f"--partitions must be >= 1, got {args.partitions}")
+    if args.seed is not None and args.seed < 0:
+        raise CLIError(f"--seed must be an integer >= 0, got {args.seed}")
 
 
 def run(args: argparse.Namespace) -> int:

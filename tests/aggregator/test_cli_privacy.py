@@ -19,6 +19,14 @@ def test_calibrate_text(capsys):
     assert "c = 0.502521" in out
     assert "scale = 1.989965" in out
     assert "exactly" in out
+    assert "is (0.8, 0.17)-DP" in out
+
+
+def test_calibrate_text_shows_delta_as_given(capsys):
+    # :g formatting printed δ = 0.99999999 as "(0.8, 1)-DP"
+    assert main(["privacy", "calibrate", "--epsilon", "0.8", "--delta", "0.99999999", "--zero-prob",
+                 "0.05", "--diameter", "1"]) == 0
+    assert "is (0.8, 0.99999999)-DP" in capsys.readouterr().out
 
 
 def test_calibrate_json(capsys):

@@ -159,6 +159,9 @@ def test_invalid_schemas_name_the_field(mutate, needles):
     for needle in needles:
         assert needle in msg, (needle, msg)
     assert isinstance(info.value, ValueError)
+    # the field is named once, not "categorical field 'c': categorical field 'c': …"
+    for kind in ("categorical field", "numeric field"):
+        assert msg.count(kind) <= 1, msg
 
 
 def test_bad_toml_and_missing_file(tmp_path):
