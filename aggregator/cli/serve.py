@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
         log.warning("privacy summary unavailable: %s", exc)
         privacy = {"error": "privacy summary unavailable"}
     app = build_app(store, privacy=privacy)
-    log.info("serving %s on http://%s:%d", runtime.name, host, port)
+    where = f"http://{host}:{port}" if port else f"http://{host} (a free port: see the log)"
+    print(f"ldp-stream serve: pipeline {runtime.name!r}, estimates on {where}/estimates (also "
+          "/privacy, /healthz, /readyz, /metrics); Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
         run_server(app, host=host, port=port)
     finally:

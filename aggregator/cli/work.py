@@ -88,8 +88,12 @@ def _run(args: argparse.Namespace, old_handlers: dict) -> int:
     server = None
     if port:
         server, _ = start_metrics_server(metrics.registry, port, host=args.metrics_host)
-        log.info("metrics on http://%s:%d/metrics", args.metrics_host, server.server_port)
     ensure_topics(cfg)
+    metrics_at = (f"; metrics on http://{args.metrics_host}:{server.server_port}/metrics"
+                  if server is not None else "")
+    group = args.group_id or cfg.worker.group_id
+    print(f"ldp-stream work: group {group!r}, reports topic {cfg.topics.reports!r}{metrics_at}; "
+          "Ctrl-C or SIGTERM for a final checkpoint and a clean leave", file=sys.stderr, flush=True)
 
     def _stop(signum, frame):
         log.info("signal %d: final checkpoint and leaving the group", signum)

@@ -110,7 +110,8 @@ field = "arr_delay"
     out, err = capsys.readouterr()
     assert "processed 7 reports" in out
     assert ("final checkpoint failed" in err) is failed
-    assert len(err.strip().splitlines()) == (1 if failed else 0)
+    lines = err.strip().splitlines()  # the start-up line, then the failure's line if any
+    assert lines[0].startswith("ldp-stream work: group ") and len(lines) == (2 if failed else 1), lines
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
@@ -169,4 +170,7 @@ def test_a_signal_once_consuming_asks_the_worker_to_stop(tmp_path, capsys, monke
     cfg.write_text(BASE + '[[queries]]\nkind = "mean"\nname = "m"\nfield = "arr_delay"\n')
     assert main(["work", "--config", str(cfg), "--metrics-port", "0"]) == 0
     out, err = capsys.readouterr()
-    assert "processed 3 reports" in out and err == ""
+    assert "processed 3 reports" in out
+    # one start-up line (what it consumes, how to stop it), nothing else: no traceback
+    assert err.splitlines() == ["ldp-stream work: group 'ldp-stream', reports topic 'ldp.reports'; "
+                                "Ctrl-C or SIGTERM for a final checkpoint and a clean leave"], err
