@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -147,7 +148,7 @@ def test_broker_dies_with_killed_parent():
         import sys, time
         from ingest.broker import EmbeddedBroker
         b = EmbeddedBroker().start()
-        print(b.pid, flush=True)
+        print(b.pid, b.log_path.parent, flush=True)
         time.sleep(120)
         """
     )
@@ -156,11 +157,15 @@ def test_broker_dies_with_killed_parent():
     try:
         line = child.stdout.readline()
         assert line.strip(), "child did not start a broker"
-        pid = int(line)
+        pid_text, workdir = line.split(maxsplit=1)
+        pid = int(pid_text)
         assert _alive(pid)
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
         assert _wait_gone(pid), f"broker pid {pid} survived its killed parent"
+        # nothing of the killed owner could remove the broker's work directory (its log): we do
+        assert os.path.isdir(workdir.strip()), workdir
+        shutil.rmtree(workdir.strip())
     finally:
         if child.poll() is None:
             child.kill()

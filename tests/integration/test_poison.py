@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import signal
 import struct
-import tempfile
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -250,7 +248,7 @@ def test_poison_corpus_is_dead_lettered_and_good_reports_counted(request, tmp_pa
                      "rss_peak_mb": round(peak["rss"])})
 
 
-def test_oversized_record_dead_letter_is_truncated_not_fatal():
+def test_oversized_record_dead_letter_is_truncated_not_fatal(tmp_path):
     """Unit check of the worker fix: a record above max_record_bytes is dead-lettered as its first
     max_record_bytes bytes plus a ``truncated_from`` header (sending it whole would exceed the
     producer's max_request_size, raise MessageSizeTooLargeError and crash the worker on every
@@ -260,7 +258,7 @@ def test_oversized_record_dead_letter_is_truncated_not_fatal():
     from aggregator.worker import Worker
 
     cfg_runtime = PipelineRuntime.from_config(PipelineConfig.load(ps.write_config(
-        Path(tempfile.mkdtemp()), "127.0.0.1:9", lambda prefix="t": f"{prefix}-unit")))
+        tmp_path, "127.0.0.1:9", lambda prefix="t": f"{prefix}-unit")))
     w = Worker(cfg_runtime, {"bootstrap_servers": "127.0.0.1:9"}, reports_topic="r", state_topic="s",
                dead_letter_topic="d", group_id="g", max_record_bytes=1000)
     sent = []
