@@ -75,6 +75,8 @@ class SGDOptions(_Frozen):
     step0 : float or None
         γ₀ > 0, in standardized coordinates (fields scaled to [−1, 1] by the schema bounds);
         ``None`` picks a per-kind default (logistic 10, quantile regression 2, custom 0.5).
+        Custom losses run in the fields' original units: a loss with a bounded gradient (check,
+        hinge) needs ``step0`` near a fifth of the parameter's range (docs/configuration.md).
     step_power : float
         a ∈ (0.5, 1); 0.505–0.6 recommended.
     batch_size : int
