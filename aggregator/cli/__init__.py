@@ -78,13 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         print("ldp-stream: interrupted", file=sys.stderr)
         return 130
     except (MechanismError, IngestError, AggregatorError, ValueError) as exc:
-        print(f"ldp-stream {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         if exc.filename is None:  # not a path the user gave (sockets, …): not ours to word
             raise
-        print(f"ldp-stream {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
+
+
+def _prog(args: argparse.Namespace) -> str:
+    """``ldp-stream COMMAND [ACTION]`` as the user typed it (``privacy calibrate``)."""
+    action = getattr(args, "privacy_command", None)
+    return " ".join(["ldp-stream", args.command, *([action] if action else [])])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -78,7 +78,7 @@ def test_an_unwritable_output_path_is_one_line_naming_the_path(tmp_path, capsys)
     rc = main(["privacy", "curve", "--c", "1", "--zero-prob", "0.2", "--png", str(png)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
-    assert err == [f"ldp-stream privacy: error: {png}: No such file or directory"]
+    assert err == [f"ldp-stream privacy curve: error: {png}: No such file or directory"]
     assert not png.exists()
 
 

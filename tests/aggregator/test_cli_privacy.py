@@ -70,7 +70,7 @@ def test_bad_arguments_one_line_exit_2(argv, needle, capsys, tmp_path, monkeypat
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and needle in err
-    assert err.startswith("ldp-stream privacy: error:")
+    assert err.startswith(f"ldp-stream privacy {argv[1]}: error:"), err  # the action is named too
     assert not (tmp_path / "x.png").exists()
 
 
