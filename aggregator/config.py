@@ -491,11 +491,12 @@ def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str) -> None
         return
     import numpy as np
 
-    from mechanisms.errors import MechanismError
-
+    # one record at the middle of each field's bounds: a value any record may carry
+    bounds = {f.name: (f.low, f.high) for f in schema.numeric.fields}
+    record = np.array([[(bounds[n][0] + bounds[n][1]) / 2.0 for n in fields]], dtype=np.float64)
     try:
-        check(np.zeros((1, len(fields))), name="record")
-    except (MechanismError, ValueError) as exc:
+        check(record, name="record")
+    except Exception as exc:  # a user loss may fail any way on records it cannot take
         raise ConfigError(f"{key}: {len(fields)} field(s) {fields} do not fit the loss "
                           f"{loss_name!r}: {_one_line(exc)}") from None
 

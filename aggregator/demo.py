@@ -95,8 +95,8 @@ class DemoOptions:
     def __post_init__(self) -> None:
         if self.limit is not None and not 1 <= self.limit <= FLIGHTS_TOTAL:
             raise ValueError(f"limit must be in [1, {FLIGHTS_TOTAL}], got {self.limit}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout must be a finite number > 0 seconds, got {self.timeout_s}")
         if not 1 <= self.workers <= 16:
             raise ValueError(f"workers must be in [1, 16], got {self.workers}")
         if not self.workers <= self.partitions <= 64:
@@ -313,11 +313,13 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         final, not_ready = _wait_final(serve_url, prepared.n_sent, timeout=60)
         final = final or progress.estimates
         progress.history.append((time.monotonic() - progress.started, final))
-        _join_truth(truth_thread, deadline=t_start + opts.timeout_s, console=console)
-        report = build_report(template, schema, final, truth, progress, prepared,
+        # at least a minute after the stream, however long start-up and streaming took
+        deadline = max(t_start + opts.timeout_s, time.monotonic() + 60)
+        known = _join_truth(truth_thread, truth, deadline=deadline, console=console)
+        report = build_report(template, schema, final, known, progress, prepared,
                               time.monotonic() - progress.started,
                               total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready)
-        write_outputs(out, report, progress.history, truth, schema)
+        write_outputs(out, report, progress.history, known, schema)
         _print_summary(console, report, out)
         if opts.keep_running:
             console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · privacy "
@@ -345,24 +347,27 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         if report is None and not progress.history:
             console.print("nothing was streamed yet: no report written")
         elif report is None:
-            _join_truth(truth_thread, deadline=time.monotonic() + 30, console=console)
-            partial = build_report(template, schema, progress.estimates, truth, progress, prepared,
+            known = _join_truth(truth_thread, truth, deadline=time.monotonic() + 30, console=console)
+            partial = build_report(template, schema, progress.estimates, known, progress, prepared,
                                    time.monotonic() - progress.started,
                                    total_s=time.monotonic() - t_start, opts=opts, partial=True)
-            write_outputs(out, partial, progress.history, truth, schema)
+            write_outputs(out, partial, progress.history, known, schema)
             console.print(f"partial report: {out / 'report.md'}")
 
 
-def _join_truth(thread: threading.Thread, deadline: float, console) -> None:
-    """Wait for the truth thread until ``deadline`` (``time.monotonic()``); past it the report
-    is written without the truth (its estimates are then not judged), with a warning."""
+def _join_truth(thread: threading.Thread, truth: dict, deadline: float, console) -> dict:
+    """Wait for the truth thread until ``deadline`` (``time.monotonic()``) and return the truth to
+    report: ``truth`` once the thread is done, else ``{}`` with a warning (the report and the
+    plots then judge no estimate — not a dict the late thread may still fill)."""
     if thread.ident is None:  # never started (the run stopped before every process was up)
-        return
-    thread.join(timeout=max(1.0, deadline - time.monotonic()))
+        return {}
+    thread.join(timeout=min(threading.TIMEOUT_MAX, max(1.0, deadline - time.monotonic())))
     if thread.is_alive():
         console.print("[yellow]warning[/]: the non-private truth was not computed in time; "
                       "the report has no truth column")
         log.warning("truth thread still running at the deadline; report written without the truth")
+        return {}
+    return truth
 
 
 def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple[Path, dict]:

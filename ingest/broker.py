@@ -47,14 +47,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     Parameters
     ----------
     host : str
-        Interface to probe; only ``127.0.0.1`` is used by this project.
+        Interface to probe: IPv4, or IPv6 when it contains ``:`` (the brokers use ``127.0.0.1``;
+        ``serve --port 0`` its own host).
 
     Returns
     -------
     int
         A port number in the OS ephemeral range.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -596,7 +596,8 @@ def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         # the field's own checks already start with "categorical field 'x'" / "numeric field 'x'"
-        named = label and msg.startswith(label.rsplit(".", 1)[-1])
+        last = label.rsplit(".", 1)[-1] if label else ""
+        named = bool(last) and msg.startswith(last + ":")
         msgs.append(f"{label}: {msg}" if label and not named else msg)
     return "invalid schema: " + "; ".join(msgs)
 

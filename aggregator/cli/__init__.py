@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 from aggregator.errors import AggregatorError
@@ -47,12 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
-    """The parser of subcommand ``command`` (None if there is none)."""
+def _subparser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost parser of the (sub)command ``args`` came from (``privacy calibrate``'s for
+    ``ldp-stream privacy calibrate …``), or ``parser`` itself."""
     for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            return action.choices[command]
-    return None
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen in action.choices:
+                return _subparser(action.choices[chosen], args)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,11 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()  # when started by the demo: stop if it dies (ingest.broker.exit_with_parent)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:  # name the subcommand whose usage was wrong, not the top-level program
-        sub = _subparser(parser, getattr(args, "command", None))
+    if extra:  # name the (sub)command whose usage was wrong, not the top-level program
+        sub = _subparser(parser, args)
+        verbose = any(re.fullmatch(r"-v+|--verbose", e) for e in extra)
         hint = (" (-v/--verbose goes before the subcommand: ldp-stream -v COMMAND …)"
-                if sub is not None and {"-v", "--verbose", "-vv"} & set(extra) else "")
-        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+                if sub is not parser and verbose else "")
+        sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= port <= 65535:
         raise CLIError(f"--port must be in [0, 65535], got {port}")
     check_bindable(host, port)  # fail before touching Kafka
+    if port == 0:  # a free port, chosen now so that it can be printed
+        from ingest.broker import free_port
+
+        port = free_port(host)
     runtime = PipelineRuntime.from_config(cfg)
     ensure_topics(cfg)
     kcfg = client_config(cfg)
@@ -52,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("privacy summary unavailable: %s", exc)
         privacy = {"error": "privacy summary unavailable"}
     app = build_app(store, privacy=privacy)
-    where = f"http://{host}:{port}" if port else f"http://{host} (a free port: see the log)"
-    print(f"ldp-stream serve: pipeline {runtime.name!r}, estimates on {where}/estimates (also "
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"ldp-stream serve: pipeline {runtime.name!r}, estimates on {url}/estimates (also "
           "/privacy, /healthz, /readyz, /metrics); Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
         run_server(app, host=host, port=port)

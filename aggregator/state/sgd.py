@@ -49,7 +49,8 @@ Merging partitions (random scaling): a state keeps the summaries ``(θ̄, V̂, s
 merged into it and combines them with its own by their numbers of averaged steps:
 ``θ = Σ_k ω_k θ̄_k`` with ``ω_k = s_k / Σ s``, variance ``Σ_k ω_k² V̂_k / s_k`` and the critical
 value of K combined random-scaling ratios (:func:`rs_critical` with ``K_eff = 1/Σ ω_k²``:
-6.747 for one run, 5.35 for 4 equal ones, ``sqrt(6)·1.96 = 4.80`` in the limit). DESIGN §5 says
+6.747 for one run, 5.36 for 4 equal ones, 4.82 in the limit: ``sqrt(6)·1.96 = 4.80`` times
+the table's ratio of the published to the simulated one-run value). DESIGN §5 says
 inverse-variance weighting, ``w_k = s_k / V̂_k,jj``; measured, that is wrong here: a run's
 ``V̂`` is a noisy estimate (it is what makes 6.747 so large), and the run whose ``V̂`` came out
 small by chance dominated the combination — 95 % intervals merged from 4 partitions covered

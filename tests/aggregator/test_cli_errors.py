@@ -177,6 +177,7 @@ def test_produce_arguments_are_checked_before_connecting(extra, line, capsys):
     (["--reports-per-record", "0"], "--reports-per-record must be in [1, 100000], got 0"),
     (["--workers", "3", "--partitions", "2"], "--partitions must be in [workers=3, 64], got 2"),
     (["--limit", "0"], "--limit must be in [1, 336776], got 0"),
+    (["--timeout", "inf"], "--timeout must be a finite number > 0 seconds, got inf"),
 ])
 def test_demo_option_errors_name_the_flag(argv, line, capsys, tmp_path):
     rc = main(["demo", "--output", str(tmp_path), "--no-live", *argv])
@@ -189,6 +190,10 @@ def test_demo_option_errors_name_the_flag(argv, line, capsys, tmp_path):
     (["work", "--config", "x.toml", "-v"], "ldp-stream work: error: unrecognized arguments: -v "
      "(-v/--verbose goes before the subcommand: ldp-stream -v COMMAND …)"),
     (["--frobnicate"], "ldp-stream: error: unrecognized arguments: --frobnicate"),
+    (["privacy", "calibrate", "--epsilon", "1", "--delta", "0.2", "--zero-prob", "0.1", "--diameter", "1",
+      "--bogus"], "ldp-stream privacy calibrate: error: unrecognized arguments: --bogus"),
+    (["work", "--config", "x.toml", "-vvv"], "ldp-stream work: error: unrecognized arguments: -vvv "
+     "(-v/--verbose goes before the subcommand: ldp-stream -v COMMAND …)"),
 ])
 def test_unknown_options_name_the_subcommand(argv, line, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -160,3 +160,20 @@ def test_parse_query_errors_are_one_line():
         parse_query({"kind": "linear_regression", "name": "r", "response": "a", "covariates": ["a"]})
     q = parse_query({"kind": "mean", "name": "m", "field": "a"})
     assert parse_query(q) is q and q.estimator == "sdr"
+
+
+def test_a_custom_loss_failing_on_a_record_of_its_fields_is_a_config_error(tmp_path, monkeypatch):
+    """A user loss may fail any way (here IndexError) on records it cannot take: one ConfigError
+    line at load, not a traceback from work/serve/analyze."""
+    (tmp_path / "ldp_test_badloss.py").write_text(
+        "from mechanisms.losses import CheckLoss\n"
+        "class Picky(CheckLoss):\n"
+        "    def _check_records(self, x, name):\n"
+        "        x[:, 3]  # wants four columns, says nothing useful\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = write(tmp_path, HEAD + '[[queries]]\nkind = "custom"\nname = "c"\n'
+              'loss = "ldp_test_badloss:Picky"\nfields = ["a"]\n')
+    with pytest.raises(ConfigError, match=r"queries\.c\.fields: 1 field\(s\) \['a'\] do not fit the loss "
+                       r"'ldp_test_badloss:Picky': index 3 is out of bounds") as info:
+        PipelineConfig.load(p)
+    assert "\n" not in str(info.value)

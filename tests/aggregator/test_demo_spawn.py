@@ -129,3 +129,32 @@ def test_without_the_variable_nothing_changes():
                            "exit_with_parent(); print('fine')"], capture_output=True, text=True,
                           env=env, timeout=30)
     assert proc.returncode == 0 and proc.stdout.strip() == "fine", proc.stderr
+
+
+def test_truth_not_ready_in_time_gives_an_empty_truth_not_one_still_being_filled():
+    import threading
+
+    from rich.console import Console
+
+    from aggregator import demo
+
+    release = threading.Event()
+    truth: dict = {}
+
+    def slow():
+        release.wait(30)
+        truth["q"] = {"p": 1.0}  # what the late thread would add while the report is written
+
+    t = threading.Thread(target=slow, daemon=True)
+    t.start()
+    console = Console(file=open(os.devnull, "w"))
+    try:
+        assert demo._join_truth(t, truth, deadline=time.monotonic() + 0.2, console=console) == {}
+        release.set()
+        t.join(10)
+        assert demo._join_truth(t, truth, deadline=time.monotonic() + 0.2, console=console) is truth
+        # never started (the run stopped before every process was up): no wait, no truth
+        assert demo._join_truth(threading.Thread(target=slow), truth, time.monotonic() + 60, console) == {}
+    finally:
+        release.set()
+        console.file.close()
