@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()  # when started by the demo: stop if it dies (ingest.broker.exit_with_parent)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:  # name the (sub)command whose usage was wrong, not the top-level program
-        sub = _subparser(parser, args)
+    sub = _subparser(parser, args)  # errors name the (sub)command, not the top-level program
+    if extra:
         verbose = any(re.fullmatch(r"-v+|--verbose", e) for e in extra)
         hint = (" (-v/--verbose goes before the subcommand: ldp-stream -v COMMAND …)"
                 if sub is not parser and verbose else "")
@@ -83,19 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         print("ldp-stream: interrupted", file=sys.stderr)
         return 130
     except (MechanismError, IngestError, AggregatorError, ValueError) as exc:
-        print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         if exc.filename is None:  # not a path the user gave (sockets, …): not ours to word
             raise
-        print(f"{_prog(args)}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        print(f"{sub.prog}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
-
-
-def _prog(args: argparse.Namespace) -> str:
-    """``ldp-stream COMMAND [ACTION]`` as the user typed it (``privacy calibrate``)."""
-    action = getattr(args, "privacy_command", None)
-    return " ".join(["ldp-stream", args.command, *([action] if action else [])])
 
 
 if __name__ == "__main__":  # pragma: no cover
