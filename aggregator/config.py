@@ -106,6 +106,20 @@ class TopicsSection(_Frozen):
     dead_letter: str = Field(default="ldp.dead-letter", min_length=1, max_length=249)
     partitions: int = Field(default=1, ge=1, le=10_000)
 
+    @field_validator("reports", "state", "dead_letter")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        from ingest.kafka import check_topic_name
+
+        return check_topic_name(v, "a topic name")
+
+    @model_validator(mode="after")
+    def _check_distinct(self) -> TopicsSection:
+        if len({self.reports, self.state, self.dead_letter}) != 3:
+            raise ValueError(f"reports, state and dead_letter must be three different topics, got "
+                             f"{self.reports!r}, {self.state!r}, {self.dead_letter!r}")
+        return self
+
 
 class WorkerSection(_Frozen):
     """``[worker]``: consumer group, checkpoint cadence (seconds and/or reports; a checkpoint is
@@ -221,6 +235,8 @@ class PipelineConfig(_Frozen):
             unknown field or a field of the wrong type, an estimator that does not fit the loss,
             or a custom loss that cannot be imported. One line, naming the key.
         """
+        if not str(path).strip():
+            raise ConfigError("the pipeline config path is empty: give --config FILE")
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
@@ -442,6 +458,9 @@ def validate_queries(queries, schema) -> None:
                     f"fields {list(categorical)}"
                 )
             continue
+        if q.kind in ("logistic_regression", "quantile_regression", "custom") and q.level > 0.999:
+            raise ConfigError(f"{prefix}.level: the SGD estimators' intervals go up to 0.999 (their "
+                              f"critical values are tabulated to there), got {q.level}")
         keys = _field_keys(q)
         for key, name in keys:
             if name not in numeric:

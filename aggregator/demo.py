@@ -101,8 +101,9 @@ class DemoOptions:
             raise ValueError(f"workers must be in [1, 16], got {self.workers}")
         if not self.workers <= self.partitions <= 64:
             raise ValueError(f"partitions must be in [workers={self.workers}, 64], got {self.partitions}")
-        if self.rate is not None and not self.rate > 0:
-            raise ValueError(f"rate must be > 0 reports/s (or 0 for unpaced), got {self.rate}")
+        if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError(f"rate must be a finite number > 0 reports/s (or 0 for unpaced), "
+                             f"got {self.rate}")
         if not 1 <= self.reports_per_record <= 100_000:
             raise ValueError(f"reports_per_record must be in [1, 100000], got {self.reports_per_record}")
 
@@ -629,6 +630,11 @@ def _json_default(o):
     return str(o)
 
 
+def _rate(v) -> str:
+    """A rate in reports/s as ``61,234`` (``–`` when unknown)."""
+    return "–" if v is None else f"{v:,.0f}"
+
+
 def _fmt(v, digits: int = 4) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
@@ -648,9 +654,9 @@ def render_markdown(report: dict, plots: list[str]) -> str:
               f"* skipped before privatization (a field missing): {sum(run['skipped'].values()):,}; "
               f"dead-lettered records: {run['dead_lettered']}; "
               f"duplicates skipped: {run['duplicates_skipped']}",
-              f"* streaming time {run['stream_seconds']} s ({_fmt(run['reports_per_second'])} reports/s); "
+              f"* streaming time {run['stream_seconds']} s ({_rate(run['reports_per_second'])} reports/s); "
               f"total {run['total_seconds']} s; client privatization "
-              f"{_fmt(run['privatize_reports_per_second'])} reports/s",
+              f"{_rate(run['privatize_reports_per_second'])} reports/s",
               "", "## Privacy", "", "```json",
               json.dumps(report["privacy"], indent=2, default=_json_default), "```", "",
               "## Estimates (95 % CI) against the non-private truth", "",
@@ -678,7 +684,7 @@ def _print_summary(console, report: dict, out: Path) -> None:
     s, run = report["summary"], report["run"]
     cov = s["coverage"]
     console.print(f"[bold green]done[/]: {run['reports_processed']:,} reports in {run['stream_seconds']} s "
-                  f"({_fmt(run['reports_per_second'])} reports/s); the 95 % CI covers the non-private truth "
+                  f"({_rate(run['reports_per_second'])} reports/s); the 95 % CI covers the non-private truth "
                   f"for {s['covered']}/{s['with_truth']} parameters"
                   + (f" ({100 * cov:.1f} %)" if cov is not None else "")
                   + f". Report: {out / 'report.md'}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,24 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.loss is None) != (args.fields is None):
         raise CLIError("--loss and --fields go together")
+    if args.loss is not None and not re.fullmatch(r"[^:\s]+:[^:\s]+", args.loss):
+        raise CLIError(f"--loss must look like 'package.module:callable', got {args.loss!r}")
     if not args.timeout > 0:
         raise CLIError(f"--timeout must be > 0 seconds, got {args.timeout}")
     cfg = PipelineConfig.load(args.config)
     queries = [cfg.query(n) for n in args.query] if args.query else list(cfg.queries)
     if args.loss and args.query is None:
         queries = []
-    loss = load_custom_loss(args.loss, key="--loss") if args.loss else None
+    loss = load_custom_loss(args.loss, key="--loss") if args.loss is not None else None
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields is not None else []
     if loss is not None:  # before the replay, which can take minutes
         check_loss_fields(loss, fields, cfg.telemetry_schema, key="--fields", loss_name=args.loss)
     from ingest.kafka import KafkaSettings, reachable
 
+    runtime = PipelineRuntime.from_config(cfg)  # its states' own checks, before any broker contact
     settings = KafkaSettings.coerce(cfg.kafka)
     if not reachable(settings):
         raise CLIError(f"no Kafka broker reachable at {settings.bootstrap}")
-    runtime = PipelineRuntime.from_config(cfg)
     rep = replay(runtime, client_config(cfg), cfg.topics.reports, timeout_s=args.timeout)
     results = []
     for q in queries:  # one query that cannot be fitted (yet) must not hide the others

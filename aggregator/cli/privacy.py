@@ -201,6 +201,8 @@ def run_curve(args: argparse.Namespace) -> int:
         raise ParameterError(f"monte-carlo must be >= 0, got {args.monte_carlo}")
     if args.monte_carlo and args.dim is None:
         raise ParameterError("--monte-carlo needs --dim (the dimension to simulate)")
+    if args.seed is not None and args.seed < 0:
+        raise ParameterError(f"--seed must be an integer >= 0, got {args.seed}")
     alpha = np.linspace(0.0, 1.0, args.points)
     curve = tradeoff_zil(alpha, args.c, args.zero_prob, args.dim)
     exact = args.dim == 1

@@ -58,6 +58,8 @@ def _apply_config(args: argparse.Namespace):
     kafka = None
     if args.topic is not None:  # checked before any connection attempt; '' is not "unset"
         check_topic_name(args.topic, "--topic")
+    if args.bootstrap_servers is not None and not args.bootstrap_servers.strip():
+        raise CLIError("--bootstrap-servers must be HOST:PORT[,HOST:PORT…], got ''")
     if args.config:
         from aggregator.config import PipelineConfig
 

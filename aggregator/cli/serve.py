@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.serve import EstimateStore, build_app, check_bindable, run_server
     from aggregator.worker import PipelineRuntime, client_config, ensure_topics
 
+    if args.host is not None and not args.host.strip():
+        raise CLIError("--host must be an address to bind, got ''")
     cfg = PipelineConfig.load(args.config)
     host = args.host or cfg.serve.host
     port = cfg.serve.port if args.port is None else args.port

