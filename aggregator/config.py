@@ -461,13 +461,8 @@ def validate_queries(queries, schema) -> None:
         if q.kind in ("logistic_regression", "quantile_regression", "custom") and q.level > 0.999:
             raise ConfigError(f"{prefix}.level: the SGD estimators' intervals go up to 0.999 (their "
                               f"critical values are tabulated to there), got {q.level}")
-        keys = _field_keys(q)
-        for key, name in keys:
-            if name not in numeric:
-                where = "a categorical field" if name in categorical else "not a field of the schema"
-                raise ConfigError(
-                    f"{prefix}.{key}: {name!r} is {where}; {q.kind} needs numeric fields {list(numeric)}"
-                )
+        for key, name in _field_keys(q):
+            _require_numeric(name, schema, f"{prefix}.{key}", q.kind)
         if isinstance(q, CustomQuery):
             loss = load_custom_loss(q.loss, key=f"{prefix}.loss")
             check_loss_fields(loss, q.fields, schema, key=f"{prefix}.fields", loss_name=q.loss)
@@ -483,7 +478,8 @@ def validate_queries(queries, schema) -> None:
 def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str) -> None:
     """Check the numeric ``fields`` that a custom loss's records are made of, before any report
     is read: at least one, distinct, numeric fields of ``schema``, and as many as the loss takes
-    (its ``check_x`` on one all-zero record, where it has one — ``mechanisms.losses.Loss``).
+    (its ``check_x`` on one record at the middle of the fields' bounds, where it has one —
+    ``mechanisms.losses.Loss``).
 
     Used by ``validate_queries`` (``kind = "custom"``) and ``ldp-stream analyze --loss``: a loss
     run on records of the wrong width gives a meaningless number in the workers, and ``analyze``
@@ -499,12 +495,8 @@ def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str) -> None
         raise ConfigError(f"{key}: name at least one numeric field of {list(_numeric_names(schema))}")
     if len(set(fields)) != len(fields):
         raise ConfigError(f"{key}: fields must be distinct, got {fields}")
-    numeric = _numeric_names(schema)
     for name in fields:
-        if name not in numeric:
-            categorical = name in _categorical_names(schema)
-            where = "a categorical field" if categorical else "not a field of the schema"
-            raise ConfigError(f"{key}: {name!r} is {where}; a loss needs numeric fields {list(numeric)}")
+        _require_numeric(name, schema, key, "a loss")
     check = getattr(loss, "check_x", None)
     if check is None:
         return
@@ -518,6 +510,15 @@ def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str) -> None
     except Exception as exc:  # a user loss may fail any way on records it cannot take
         raise ConfigError(f"{key}: {len(fields)} field(s) {fields} do not fit the loss "
                           f"{loss_name!r}: {_one_line(exc)}") from None
+
+
+def _require_numeric(name: str, schema, key: str, who: str) -> None:
+    """Raise ``ConfigError`` (``<key>: 'x' is a categorical field; <who> needs numeric fields
+    […]``) unless ``name`` is a numeric field of ``schema``."""
+    numeric = _numeric_names(schema)
+    if name not in numeric:
+        where = "a categorical field" if name in _categorical_names(schema) else "not a field of the schema"
+        raise ConfigError(f"{key}: {name!r} is {where}; {who} needs numeric fields {list(numeric)}")
 
 
 def _field_keys(q: Query) -> list[tuple[str, str]]:

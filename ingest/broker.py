@@ -133,10 +133,8 @@ def exit_with_parent(sig: int = signal.SIGTERM) -> None:
     """
     value = os.environ.pop(EXIT_WITH_PARENT_ENV, None)
     try:
-        parent = int(value) if value is not None else None
-    except ValueError:
-        return
-    if parent is None:
+        parent = int(value)
+    except (TypeError, ValueError):  # unset, or not a pid
         return
     set_parent_death_signal(sig)
     if os.getppid() != parent:  # it died before the request above: nobody would signal us
