@@ -538,7 +538,12 @@ def delta_c(epsilon, c: float, dim: int | None = None) -> np.ndarray:
         b = (x + c * c / (2.0 * w)) * sw / c
         la = special.log_ndtr(-a)
         lb = special.log_ndtr(-b)
-        return np.exp(la) * -np.expm1(np.minimum(x + lb - la, 0.0))
+        # b ≥ a, so where Φ̄(a) underflows (c → 0: a and b → ∞) Φ̄(b) does too and the term is 0;
+        # lb − la would be −∞ − (−∞) = nan there
+        gone = np.isneginf(la)
+        diff = np.zeros(np.broadcast(la, lb).shape)
+        np.subtract(lb, la, out=diff, where=~gone)
+        return np.where(gone, 0.0, np.exp(la) * -np.expm1(np.minimum(x + diff, 0.0)))
 
     flat = e.ravel()
     return np.clip(_expect_w(integrand, flat), 0.0, 1.0).reshape(e.shape)

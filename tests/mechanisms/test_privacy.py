@@ -208,6 +208,23 @@ def test_delta_c_d1_equals_sup_over_laplace():
     assert float(delta_c(math.sqrt(2) * c + 1e-9, c, dim=1)) == 0.0
 
 
+def test_delta_c_vanishing_c_is_zero_not_nan():
+    """c → 0 (a huge scale): both tails of the β_c integrand underflow; δ_c must go to 0, not nan
+    (−∞ − (−∞)), and the ZIL guarantee's δ̃ to zero_prob (found: ``privacy guarantee --scale 1e154``
+    printed nan)."""
+    eps = np.array([0.0, 0.5, 4.0, 50.0])
+    upper = delta_c(eps, 1e-3)
+    for c in (1e-300, 1e-200, 1e-154, 1e-100, 1e-20):
+        d = delta_c(eps, c)
+        assert np.all(np.isfinite(d)), (c, d)
+        assert np.all((d >= 0.0) & (d <= upper)) and float(d.max()) < 1e-15, (c, d)
+    for scale in (1e100, 1e154, 1e300):
+        g = zil_guarantee(0.2, scale, dim=5)
+        assert np.all(np.isfinite(g.delta_record)) and np.all(np.isfinite(g.delta_attribute))
+        assert g.delta_record == pytest.approx([0.2] * len(g.epsilons), abs=1e-15)
+        assert g.delta_attribute == pytest.approx([0.2] * len(g.epsilons), abs=1e-15)
+
+
 def test_delta_tilde_properties():
     eps = np.array([0.0, 0.5, 1.0, 2.0, 5.0, 20.0])
     for zp in (0.01, 0.2):
