@@ -336,6 +336,28 @@ class PipelineConfig(_Frozen):
         except (ValueError, OSError) as exc:
             raise ConfigError(f"pipeline.schema: {str(path)!r}: {_one_line(exc)}") from None
 
+    def require_queries(self, hint: str) -> None:
+        """Refuse a pipeline without ``[[queries]]`` where something must be estimated.
+
+        A pipeline without queries is valid (``ldp-stream analyze --loss`` replays its reports and
+        ``produce`` only needs its topics and schema), but a worker or serve on it would run
+        without estimating anything.
+
+        Parameters
+        ----------
+        hint : str
+            What the user can do instead (appended to the message).
+
+        Raises
+        ------
+        ConfigError
+            ``queries: the pipeline has none ...`` if ``queries`` is empty.
+        """
+        if not self.queries:
+            where = f" in {str(self.source_path)!r}" if self.source_path is not None else ""
+            raise ConfigError(f"queries: the pipeline has none{where} ([[queries]] tables; "
+                              f"docs/configuration.md): {hint}")
+
     def query(self, name: str) -> Query:
         """The query called ``name``.
 

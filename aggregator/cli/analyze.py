@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise CLIError(f"--timeout must be > 0 seconds, got {args.timeout}")
     cfg = PipelineConfig.load(args.config)
+    if args.loss is None:
+        cfg.require_queries("nothing to analyze; pass --loss MODULE:CALLABLE --fields F1,F2 to fit a loss")
     queries = [cfg.query(n) for n in args.query] if args.query else list(cfg.queries)
     if args.loss and args.query is None:
         queries = []

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host is not None and not args.host.strip():
         raise CLIError("--host must be an address to bind, got ''")
     cfg = PipelineConfig.load(args.config)
+    cfg.require_queries("serve would have no estimates to publish")
     host = args.host or cfg.serve.host
     port = cfg.serve.port if args.port is None else args.port
     if not 0 <= port <= 65535:

@@ -81,6 +81,7 @@ def _run(args: argparse.Namespace, old_handlers: dict) -> int:
     if max_poll < 1:
         raise CLIError(f"--max-poll-records must be >= 1, got {max_poll}")
     cfg = PipelineConfig.load(args.config)
+    cfg.require_queries("a worker would consume reports without estimating anything")
     metrics = WorkerMetrics()
     worker = worker_from_config(cfg, group_id=args.group_id, metrics=metrics,
                                 coalesce=not args.no_coalesce, max_poll_records=max_poll)

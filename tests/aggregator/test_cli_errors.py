@@ -224,3 +224,28 @@ def test_empty_and_non_finite_arguments_name_the_flag(argv, line, capsys, tmp_pa
     assert main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines() == [line]
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["work"], "a worker would consume reports without estimating anything"),
+    (["serve"], "serve would have no estimates to publish"),
+    (["analyze"], "nothing to analyze; pass --loss MODULE:CALLABLE --fields F1,F2 to fit a loss"),
+])
+def test_a_pipeline_without_queries_is_refused_where_something_must_be_estimated(
+        argv, hint, tmp_path, capsys):
+    """Before any broker contact: the bootstrap address is a port nobody listens on."""
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f'[pipeline]\nname = "t"\nschema = "{SCHEMA}"\n[kafka]\n'
+                   'bootstrap_servers = "127.0.0.1:9"\n')
+    rc = main([*argv, "--config", str(cfg)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"ldp-stream {argv[0]}: error: queries: the pipeline has none in {str(cfg)!r} "
+                   f"([[queries]] tables; docs/configuration.md): {hint}"]
+    # analyze fits a --loss on such a pipeline: it gets as far as the broker
+    if argv == ["analyze"]:
+        rc = main(["analyze", "--config", str(cfg), "--loss", "mechanisms.losses:CheckLoss",
+                   "--fields", "arr_delay"])
+        assert rc == 2
+        assert capsys.readouterr().err.strip() == (
+            "ldp-stream analyze: error: no Kafka broker reachable at 127.0.0.1:9")
