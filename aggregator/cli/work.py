@@ -17,8 +17,11 @@ def register(subparsers) -> None:
         description="Consume the reports topic in a consumer group, keep per-partition query "
                     "state, checkpoint it to the state topic, then commit offsets (exactly-once). "
                     "SIGTERM/SIGINT: final checkpoint, then leave the group; exit status 1 if the "
-                    "final checkpoint failed (the next start replays from the last one). A signal "
-                    "during start-up stops it with exit status 0 (nothing consumed yet).")
+                    "final checkpoint failed (the next start replays from the last one); exit "
+                    "status 2 with the error if a state update failed (no checkpoint follows it). "
+                    "A query whose SGD diverges does not stop the worker: its estimate reports "
+                    "the divergence and the other queries go on. A signal during start-up stops "
+                    "it with exit status 0 (nothing consumed yet).")
     p.add_argument("--config", required=True, help="pipeline TOML file")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="Prometheus metrics on 127.0.0.1:PORT (default [worker] metrics_port; 0 = off)")

@@ -198,6 +198,10 @@ class SGDState(State):
         self.crit = rs_critical(q.level)  # one run's value; also refuses a level out of range
         self.opts = q.sgd
         self.step0 = q.sgd.step0 if q.sgd.step0 is not None else DEFAULT_STEP0[q.kind]
+        #: Why this query's SGD stopped (a non-finite iterate), or None. A diverged state takes
+        #: no more steps, stays diverged through merges and checkpoints, and ``estimate``
+        #: raises :class:`StateError` with this text — the worker and the other queries go on.
+        self.diverged: str | None = None
         if q.kind == "custom":
             self.cols = numeric_columns(schema, q.fields, self.name, "fields")
             self.loss = load_custom_loss(q.loss, key=f"queries.{self.name}.loss")
@@ -463,11 +467,18 @@ class SGDState(State):
         return (x[:, self.cols] - self.shift) / self.scale
 
     def _update(self, batch, x2) -> None:
+        if self.diverged is not None:
+            return  # the reports are counted (n), no step is taken
         need_x2 = self.closs.needs_x2
         if self._kernel is not None:
             self._update_kernel(batch.numeric, self._require_x2(x2) if need_x2 else None)
             self._check_finite()
             return
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # → _check_finite
+            self._update_python(batch, x2, need_x2)
+        self._check_finite()
+
+    def _update_python(self, batch, x2, need_x2: bool) -> None:
         u1 = self._std(batch.numeric)
         u2 = self._std(self._require_x2(x2)) if need_x2 else u1
         if self.buf1.shape[0]:
@@ -502,14 +513,16 @@ class SGDState(State):
                 self.rs_b += s2 * avg
                 self.rs_c += s2
         self.theta, self.avg = theta, avg
-        self._check_finite()
         self.buf1 = u1[full:].copy()
         self.buf2 = u2[full:].copy() if need_x2 else self.buf1
 
     def _check_finite(self) -> None:
-        if not np.all(np.isfinite(self.theta)):
-            raise StateError(f"query {self.name!r}: SGD diverged (non-finite iterate at step {self.t}); "
-                             "lower sgd.step0")
+        """Mark the state diverged (and log it once) when the iterate is no longer finite."""
+        if self.diverged is None and not np.all(np.isfinite(self.theta)):
+            self.diverged = (f"query {self.name!r}: SGD diverged (non-finite iterate at step {self.t} "
+                             f"with sgd.step0 = {self.step0:g}); lower sgd.step0 and rebuild the "
+                             "query (a new query name, or a new pipeline name / group)")
+            log.error("%s; this query takes no more steps, the others go on", self.diverged)
 
     def _own_summary(self) -> tuple[np.ndarray, np.ndarray, int] | None:
         if self.s < 2:
@@ -520,6 +533,8 @@ class SGDState(State):
         return av.copy(), (V + V.T) / (2.0 * s * s), s
 
     def _merge(self, other: SGDState) -> None:
+        if self.diverged is None and other.diverged is not None:
+            self.diverged = other.diverged  # a merge over a diverged partition has no estimate
         # one-step sums: exact, by addition
         self.os_m += other.os_m
         self.os_g = self.os_g + other.os_g
@@ -559,7 +574,11 @@ class SGDState(State):
             plugin: fewer than ``q + 1`` reports in the one-step sums, or a corrected Hessian
             that is not yet positive definite; random scaling: fewer than two averaged SGD
             steps (in every merged component).
+        StateError
+            The SGD diverged (``diverged``) in this state or in one merged into it.
         """
+        if self.diverged is not None:
+            raise StateError(self.diverged)
         if self.plugin:
             return self._plugin_estimate()
         return self._rs_estimate()
@@ -648,6 +667,7 @@ class SGDState(State):
             "comp_theta": self.comp_theta, "comp_v": self.comp_v, "comp_s": self.comp_s,
             "os_m": self.os_m, "os_g": self.os_g, "os_s": self.os_s, "os_h": self.os_h,
             "os_ht": self.os_ht, "os_t1": self.os_t1, "os_t2": self.os_t2, "os_nb": self.os_nb,
+            "diverged": self.diverged,
         }
 
     def _set_data(self, data: dict) -> None:
@@ -679,6 +699,10 @@ class SGDState(State):
         self.os_g, self.os_s, self.os_h, self.os_ht = os["os_g"], os["os_s"], os["os_h"], os["os_ht"]
         self.os_t1, self.os_t2 = os["os_t1"], os["os_t2"]
         self.os_m, self.os_nb = float(data["os_m"]), float(data["os_nb"])
+        diverged = data.get("diverged")  # absent in checkpoints written before it existed
+        if diverged is not None and not isinstance(diverged, str):
+            raise ValueError(f"SGD state 'diverged' must be a string or null, got {diverged!r}")
+        self.diverged = diverged
 
     def __repr__(self) -> str:
         try:
