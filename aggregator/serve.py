@@ -169,24 +169,32 @@ class EstimateStore:
                 continue
             if ck.pipeline == self.runtime.name:
                 cks.append(ck)
-        good = []
+        good, unusable = [], []
         for ck in cks:  # restore one by one so a single bad partition does not hide the rest
             try:
                 merge_checkpoints([ck], self.runtime)
                 good.append(ck)
             except Exception as exc:
+                unusable.append((ck.partition, exc))
                 tag = (ck.key, (offsets or {}).get(ck.key, -1))
                 if tag not in self._bad:
                     self._bad.add(tag)
                     self.metrics.state_invalid.inc()
                     log.error("checkpoint %r cannot be restored: %s", ck.key, exc)
         merged, info = merge_checkpoints(good, self.runtime)
+        missing = "no checkpoint yet"
+        if unusable:  # e.g. the queries were edited: the workers rebuild those partitions
+            parts = sorted(p for p, _ in unusable)
+            missing = (f"no usable checkpoint yet: the checkpoints of partition(s) {parts} cannot be "
+                       f"restored with this config ({unusable[0][1]}); if the queries changed, the "
+                       "workers rebuild them from the earliest offset (docs/deploy.md, \"Changing "
+                       "the queries\")")
         estimates = {}
         for name in self.runtime.queries or merged:
             if name in merged:
                 est = estimate_payload(name, merged[name])
             else:
-                est = {"query": name, "n": 0, "error": "no checkpoint yet"}
+                est = {"query": name, "n": 0, "error": missing}
             estimates[name] = est
             if "error" not in est:
                 self.metrics.set_estimate(name, est)

@@ -631,8 +631,10 @@ class Worker:
                                       published_offset=ck.next_offset)
             except Exception as exc:  # any corrupt state: rebuild this partition from scratch
                 self.metrics.state_invalid.inc()
-                log.error("state record %r (offset %s) failed to decode (%s); rebuilding partition %d "
-                          "from the earliest offset", key, self._reader.offsets.get(key), exc, partition)
+                log.error("state record %r (offset %s) cannot be restored with this config (%s); "
+                          "rebuilding partition %d from the earliest offset (if the queries were "
+                          "edited, this is expected: docs/deploy.md, \"Changing the queries\")",
+                          key, self._reader.offsets.get(key), exc, partition)
         return PartitionState(partition, 0, self.runtime.new_states(), 0, 0)  # dirty: none published
 
     # ------------------------------------------------------------------------------- processing

@@ -220,3 +220,28 @@ def test_stale_after_must_exceed_refresh_interval(runtime):
 
     with pytest.raises(ConfigError, match=r"stale_after_s must be > refresh_interval_s \(5\.0\), got 5"):
         EstimateStore(runtime, refresh_interval_s=5.0, stale_after_s=5)
+
+
+def test_checkpoints_of_edited_queries_say_why_they_are_not_used(runtime, checkpoints):
+    """The config's queries changed (one quantile list edited): the state topic's checkpoints
+    cannot be restored; every estimate names the partitions and the reason instead of the bare
+    "no checkpoint yet", which an operator read as an empty pipeline."""
+    raw, _ = checkpoints
+    text = (f'[pipeline]\nname = "flights"\nschema = "{ps.SCHEMA}"\n'
+            '[kafka]\nbootstrap_servers = "127.0.0.1:9"\n')
+    queries = ps.available_queries()
+    assert "q = [0.5, 0.9]" in queries
+    edited = PipelineRuntime.from_config(PipelineConfig.from_dict(
+        tomllib.loads(text + queries.replace("q = [0.5, 0.9]", "q = [0.25, 0.75]"))))
+    store = EstimateStore(edited)
+    store.set_checkpoints(raw)
+    ests = store.estimates()
+    assert set(ests) == set(edited.queries)
+    for est in ests.values():
+        assert est["n"] == 0
+        assert est["error"].startswith("no usable checkpoint yet: the checkpoints of partition(s) [0, 1] "
+                                       "cannot be restored with this config (")
+        assert "another spec" in est["error"] and "Changing the queries" in est["error"]
+    fresh = EstimateStore(edited)  # nothing in the state topic: the plain message
+    fresh.set_checkpoints({})
+    assert all(e["error"] == "no checkpoint yet" for e in fresh.estimates().values())
