@@ -54,14 +54,15 @@ class Replay:
         return 0 if self.batch is None else self.batch.n
 
 
-def replay_records(runtime, values: Sequence[bytes]) -> Replay:
+def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
     """Decode record values and draw ``X̃₂`` per record (no Kafka).
 
     Parameters
     ----------
     runtime : aggregator.worker.PipelineRuntime
-    values : sequence of bytes
-        Record values in the order to concatenate.
+    values : sequence of bytes or None
+        Record values in the order to concatenate; ``None`` (a record without a value) is
+        skipped and counted under ``"empty"``, the reason the worker dead-letters it with.
 
     Returns
     -------
@@ -71,6 +72,9 @@ def replay_records(runtime, values: Sequence[bytes]) -> Replay:
 
     batches, x2s, skipped = [], [], {}
     for v in values:
+        if v is None:
+            skipped["empty"] = skipped.get("empty", 0) + 1
+            continue
         try:
             b = runtime.decode(v)
         except DecodeError as exc:
@@ -126,7 +130,7 @@ def replay(runtime, client_config: dict, topic: str, timeout_s: float = 120.0) -
         seen: set = set()
         while True:
             for tp, recs in consumer.poll(timeout_ms=200).items():
-                values[tp.partition].extend(r.value for r in recs if r.value is not None)
+                values[tp.partition].extend(r.value for r in recs)  # None: counted "empty"
             done = True
             for tp in tps:
                 hw = consumer.highwater(tp)
