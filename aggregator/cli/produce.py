@@ -20,8 +20,10 @@ def register(subparsers) -> None:
         "produce", help="privatize events from a source and publish the reports to Kafka",
         description="Read events from a source, privatize them on the client with the schema's "
                     "mechanisms, batch reports into records and publish them. Prints a final line "
-                    "of counts; exit status 1 if any report was not delivered. Ctrl-C or SIGTERM: "
-                    "what was sent is flushed (up to 5 s), the counts are printed, exit status 130.")
+                    "of counts; exit status 1 if any report was not delivered, 2 with one line "
+                    "for a bad argument or a broker that cannot be reached at the start (as every "
+                    "command). Ctrl-C or SIGTERM: what was sent is flushed (up to 5 s), the counts "
+                    "are printed, exit status 130.")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="pipeline TOML: takes schema, [kafka] settings (incl. TLS/SASL), the reports "
                         "topic and its partition count from it; explicit flags override")
