@@ -40,16 +40,16 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -61,6 +61,7 @@ from aggregator.queries import (
     FrequencyQuery,
     LogisticRegressionQuery,
     Query,
+    finite_float,
     format_validation_error,
     parse_query,
     query_fields,
@@ -87,15 +88,32 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # strict, as the queries (aggregator.queries._Frozen): no string, bool or float is coerced
+    # into a number, bool or int; paths are ``Field(strict=False)`` to take TOML strings.
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, strict=True)
+
+
+#: ``checkpoint_interval_s``, ``refresh_interval_s``: seconds in (0, 1 day].
+_SECONDS = finite_float(0.0, 86_400)
+#: ``stale_after_s``: seconds in (0, 1 week].
+_STALE_SECONDS = finite_float(0.0, 86_400 * 7)
 
 
 class PipelineSection(_Frozen):
-    """``[pipeline]``: ``name`` and ``schema`` (path of the telemetry schema TOML, resolved
-    relative to the config file by :meth:`PipelineConfig.load`)."""
+    """``[pipeline]``: ``name`` (no ``/``: it prefixes the state-topic keys
+    ``<name>/<partition>``) and ``schema`` (path of the telemetry schema TOML, resolved relative to
+    the config file by :meth:`PipelineConfig.load`)."""
 
     name: str = Field(min_length=1, max_length=128)
-    schema_path: Path = Field(alias="schema")
+    schema_path: Path = Field(alias="schema", strict=False)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if "/" in v:  # aggregator.checkpoint.checkpoint_key and the worker refuse it too
+            raise ValueError(f"must not contain '/' (checkpoints are keyed '<name>/<partition>' in "
+                             f"the state topic), got {v!r}")
+        return v
 
 
 class TopicsSection(_Frozen):
@@ -129,11 +147,11 @@ class WorkerSection(_Frozen):
     :func:`ingest.kafka.keep_freed_memory`)."""
 
     group_id: str = Field(default="ldp-stream", min_length=1)
-    checkpoint_interval_s: float = Field(default=10.0, gt=0, le=86_400)
+    checkpoint_interval_s: _SECONDS = 10.0
     checkpoint_reports: int = Field(default=100_000, ge=1)
     metrics_port: int = Field(default=0, ge=0, le=65_535)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 30)
-    malloc_trim_threshold_mib: int = Field(default=128, ge=0, le=_TRIM_MIB[1], strict=True)
+    malloc_trim_threshold_mib: int = Field(default=128, ge=0, le=_TRIM_MIB[1])
 
     @field_validator("malloc_trim_threshold_mib")
     @classmethod
@@ -152,15 +170,8 @@ class ServeSection(_Frozen):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65_535)
-    refresh_interval_s: float = Field(default=5.0, gt=0, le=86_400)
-    stale_after_s: float = Field(default=60.0, gt=0, le=86_400 * 7)
-
-    @field_validator("refresh_interval_s", "stale_after_s")
-    @classmethod
-    def _finite(cls, v: float, info) -> float:
-        if not math.isfinite(v):
-            raise ValueError(f"{info.field_name} must be finite, got {v}")
-        return v
+    refresh_interval_s: _SECONDS = 5.0
+    stale_after_s: _STALE_SECONDS = 60.0
 
     @model_validator(mode="after")
     def _stale_after_refresh(self):
@@ -198,7 +209,7 @@ class PipelineConfig(_Frozen):
     worker: WorkerSection = WorkerSection()
     serve: ServeSection = ServeSection()
     queries: tuple[Query, ...] = ()
-    source_path: Path | None = None
+    source_path: Path | None = Field(default=None, strict=False)
 
     _schema: Any = PrivateAttr(default=None)
 
@@ -382,12 +393,32 @@ def _kafka_settings(raw: Any):
         from ingest.kafka import KafkaSettings
     except ImportError:  # pragma: no cover - only while ingest.kafka is being written
         return dict(raw)
+    _check_kafka_types(KafkaSettings, raw)
     try:
         return KafkaSettings(**raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, prefix="kafka")) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"kafka: {_one_line(exc)}") from None
+
+
+def _check_kafka_types(settings_cls, raw: dict) -> None:
+    """Validate the scalar keys of ``[kafka]`` strictly, as the other sections are.
+
+    ``KafkaSettings`` (``ingest.kafka``) validates in pydantic's lax mode, which turns
+    ``request_timeout_ms = "30000"`` into 30000 and ``ssl_check_hostname = "no"`` into False. Its
+    scalar fields (strings, integers, booleans, choices, secrets) are checked here without
+    coercion; ``bootstrap_servers`` (a string or an array) and ``extra`` (any kafka-python option)
+    keep their own rules, and unknown keys are left for ``KafkaSettings`` to name.
+    """
+    for key, value in raw.items():
+        field = settings_cls.model_fields.get(key)
+        if field is None or field.annotation is Any or get_origin(field.annotation) in (tuple, dict):
+            continue
+        try:
+            TypeAdapter(field.annotation, config=ConfigDict(strict=True)).validate_python(value)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, prefix=f"kafka.{key}")) from None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -414,7 +445,8 @@ def load_custom_loss(spec: str, *, key: str = "loss"):
     """Import ``"module:callable"`` and return the loss object.
 
     If the attribute is a class or a zero-argument factory it is called; a ready loss object
-    (one with ``value`` and ``grad``) is returned as is.
+    (one with ``value`` and ``grad``) is returned as is. Whether it fits the query's fields (their
+    number, every one noised) is :func:`check_loss_fields`' business.
 
     Raises
     ------
@@ -454,8 +486,11 @@ def validate_queries(queries, schema) -> None:
     """Check queries against a telemetry schema.
 
     Numeric queries (mean, variance, quantiles, regressions, custom) must name numeric fields,
-    ``frequency`` a categorical field; SL/SDR need a loss twice differentiable in the noised
-    fields; custom losses must import.
+    ``frequency`` a categorical field; a logistic regression's ``threshold`` must lie in
+    ``[low, high)`` of its label's bounds (reports are clipped into ``[low, high]``, so outside it
+    the label ``1{label > threshold}`` is constant); SL/SDR need a loss twice differentiable in
+    the noised fields; custom losses must import and fit their fields
+    (:func:`check_loss_fields`).
 
     Parameters
     ----------
@@ -485,9 +520,20 @@ def validate_queries(queries, schema) -> None:
                               f"critical values are tabulated to there), got {q.level}")
         for key, name in _field_keys(q):
             _require_numeric(name, schema, f"{prefix}.{key}", q.kind)
+        if isinstance(q, LogisticRegressionQuery) and q.threshold is not None:
+            # values are clipped into [low, high]: y = 1{label > threshold} is constant (all 0) for
+            # a threshold >= high and (all 1) below low; at low it still splits the values above it
+            low, high = _numeric_bounds(schema)[q.label]
+            if not low <= q.threshold < high:
+                raise ConfigError(
+                    f"{prefix}.threshold: must be in [{low:g}, {high:g}): {q.label} is clipped into "
+                    f"its bounds [{low:g}, {high:g}], so y = 1{{{q.label} > threshold}} would be "
+                    f"constant, got {q.threshold}"
+                )
         if isinstance(q, CustomQuery):
             loss = load_custom_loss(q.loss, key=f"{prefix}.loss")
-            check_loss_fields(loss, q.fields, schema, key=f"{prefix}.fields", loss_name=q.loss)
+            check_loss_fields(loss, q.fields, schema, key=f"{prefix}.fields", loss_name=q.loss,
+                              estimator=q.estimator)
             if q.estimator in ("sdr", "sl") and not _is_smooth(loss):
                 raise ConfigError(
                     f"{prefix}.estimator: {q.estimator!r} needs a loss twice differentiable in the "
@@ -497,11 +543,13 @@ def validate_queries(queries, schema) -> None:
             raise ConfigError(f"{prefix}.estimator: a thresholded label needs 'dr'")  # pragma: no cover
 
 
-def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str) -> None:
+def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str, estimator: str = "dr") -> None:
     """Check the numeric ``fields`` that a custom loss's records are made of, before any report
-    is read: at least one, distinct, numeric fields of ``schema``, and as many as the loss takes
+    is read: at least one, distinct, numeric fields of ``schema``, as many as the loss takes
     (its ``check_x`` on one record at the middle of the fields' bounds, where it has one —
-    ``mechanisms.losses.Loss``).
+    ``mechanisms.losses.Loss``), and every one of them among the loss's ``noised`` columns (all
+    numeric fields carry ZIL noise; the built-in index losses default to ``noised=()``) unless
+    ``estimator`` is ``"naive"`` (which ignores the noise).
 
     Used by ``validate_queries`` (``kind = "custom"``) and ``ldp-stream analyze --loss``: a loss
     run on records of the wrong width gives a meaningless number in the workers, and ``analyze``
@@ -520,18 +568,35 @@ def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str) -> None
     for name in fields:
         _require_numeric(name, schema, key, "a loss")
     check = getattr(loss, "check_x", None)
-    if check is None:
-        return
-    import numpy as np
+    if check is not None:
+        import numpy as np
 
-    # one record at the middle of each field's bounds: a value any record may carry
-    bounds = {f.name: (f.low, f.high) for f in schema.numeric.fields}
-    record = np.array([[(bounds[n][0] + bounds[n][1]) / 2.0 for n in fields]], dtype=np.float64)
-    try:
-        check(record, name="record")
-    except Exception as exc:  # a user loss may fail any way on records it cannot take
-        raise ConfigError(f"{key}: {len(fields)} field(s) {fields} do not fit the loss "
-                          f"{loss_name!r}: {_one_line(exc)}") from None
+        # one record at the middle of each field's bounds: a value any record may carry
+        bounds = _numeric_bounds(schema)
+        record = np.array([[(bounds[n][0] + bounds[n][1]) / 2.0 for n in fields]], dtype=np.float64)
+        try:
+            check(record, name="record")
+        except Exception as exc:  # a user loss may fail any way on records it cannot take
+            raise ConfigError(f"{key}: {len(fields)} field(s) {fields} do not fit the loss "
+                              f"{loss_name!r}: {_one_line(exc)}") from None
+    if estimator == "naive":  # ℓ(x̃₁, θ) as is: the noise is ignored by construction
+        return
+    # every numeric field carries ZIL noise: a loss declaring fewer noised columns would get one
+    # noise scale per field (analyze: "scale must … have shape (0,)") or ignore the noise (SDR/SL)
+    noised = tuple(getattr(loss, "noised", ()))
+    every = tuple(range(len(fields)))
+    if sorted(noised) != list(every):
+        raise ConfigError(
+            f"{key}: the loss {loss_name!r} declares {len(noised)} noised column(s) {noised} but "
+            f"the {len(fields)} field(s) {fields} all carry ZIL noise: it must declare noised = "
+            f"{every} (for a built-in loss class, name a function that returns it built with "
+            f"noised={every}; docs/configuration.md, \"Custom losses\")"
+        )
+
+
+def _numeric_bounds(schema) -> dict[str, tuple[float, float]]:
+    """``{field: (low, high)}``: the clipping bounds of the schema's numeric fields."""
+    return {f.name: (f.low, f.high) for f in schema.numeric.fields}
 
 
 def _require_numeric(name: str, schema, key: str, who: str) -> None:

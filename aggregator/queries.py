@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -53,6 +54,8 @@ __all__ = [
     "Query",
     "SGDOptions",
     "VarianceQuery",
+    "finite_float",
+    "format_validation_error",
     "parse_query",
     "query_fields",
 ]
@@ -60,8 +63,47 @@ __all__ = [
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
 
+def finite_float(low: float, high: float, *, low_open: bool = True, high_open: bool = False) -> Any:
+    """A ``float`` field type that must be a finite number in an interval (``(low, high]`` by
+    default), with one message for both faults.
+
+    Pydantic's ``gt``/``le`` constraints refuse ``nan`` and ``inf`` with "Input should be less than
+    or equal to …", which does not say what is wrong; this type says
+    ``must be a finite number in (0, 86400], got nan`` (the config key is prepended by
+    :func:`format_validation_error`).
+
+    Parameters
+    ----------
+    low, high : float
+        The interval's ends.
+    low_open, high_open : bool
+        Whether ``low`` / ``high`` are excluded (default ``(low, high]``).
+
+    Returns
+    -------
+    typing.Annotated
+        ``Annotated[float, AfterValidator(check)]``, for a field annotation.
+    """
+    text = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def check(v: float) -> float:
+        inside = (low < v if low_open else low <= v) and (v < high if high_open else v <= high)
+        if not (math.isfinite(v) and inside):
+            raise ValueError(f"must be a finite number in {text}, got {v}")
+        return v
+
+    return Annotated[float, AfterValidator(check)]
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a TOML string, bool or float is not coerced into a number, bool or int (``level =
+    # "0.9"``, ``partitions = true``, ``intercept = "yes"`` are refused; an int is still a float).
+    # Tuple fields take TOML arrays: they are ``Field(strict=False)``, their items stay strict.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+_STEP0 = finite_float(0.0, 1e3)
+_STEP_POWER = finite_float(0.5, 1.0, high_open=True)
 
 
 class SGDOptions(_Frozen):
@@ -102,8 +144,8 @@ class SGDOptions(_Frozen):
         If a value is outside its range (wrapped into ``ConfigError`` by :func:`parse_query`).
     """
 
-    step0: float | None = Field(default=None, gt=0, le=1e3)
-    step_power: float = Field(default=0.55, gt=0.5, lt=1.0)
+    step0: _STEP0 | None = None
+    step_power: _STEP_POWER = 0.55
     batch_size: int = Field(default=64, ge=1, le=65536)
     burn_in: int = Field(default=100, ge=0)
     ci: Literal["auto", "plugin", "random_scaling"] = "auto"
@@ -183,7 +225,7 @@ class QuantilesQuery(_QueryBase):
 
     kind: Literal["quantiles"] = "quantiles"
     field: str
-    q: tuple[float, ...] = (0.5,)
+    q: tuple[float, ...] = Field(default=(0.5,), strict=False)
     estimator: Literal["dr"] = "dr"
     bins: int = Field(default=2000, ge=16, le=100_000)
 
@@ -201,12 +243,20 @@ class QuantilesQuery(_QueryBase):
 
 
 class _RegressionBase(_QueryBase):
-    covariates: tuple[str, ...]
+    """Covariates (at least one, distinct) and an intercept; a regression on no covariate is
+    refused with what to use instead (``_without_covariates``)."""
+
+    covariates: tuple[str, ...] = Field(strict=False)
     intercept: bool = True
+
+    #: What to use instead of a regression on no covariate (the end of the refusal).
+    _without_covariates: ClassVar[str] = ""
 
     @field_validator("covariates")
     @classmethod
     def _check_cov(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError(f"must name at least one numeric field, got []; {cls._without_covariates}")
         if len(set(v)) != len(v):
             raise ValueError(f"covariates must be distinct, got {list(v)}")
         return v
@@ -220,12 +270,12 @@ class LinearRegressionQuery(_RegressionBase):
     response: str
     estimator: Literal["sdr"] = "sdr"
 
+    _without_covariates: ClassVar[str] = "for the response's mean use kind = \"mean\""
+
     @model_validator(mode="after")
     def _check(self) -> LinearRegressionQuery:
         if self.response in self.covariates:
             raise ValueError(f"response {self.response!r} must not also be a covariate")
-        if not self.covariates and not self.intercept:
-            raise ValueError("covariates must not be empty when intercept = false")
         return self
 
 
@@ -251,12 +301,19 @@ class LogisticRegressionQuery(_RegressionBase):
     estimator: Literal["dr", "sdr"] = "dr"
     sgd: SGDOptions = SGDOptions()
 
+    _without_covariates: ClassVar[str] = "a logistic regression needs at least one covariate"
+
+    @field_validator("threshold")
+    @classmethod
+    def _check_threshold(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v}")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> LogisticRegressionQuery:
         if self.label in self.covariates:
             raise ValueError(f"label {self.label!r} must not also be a covariate")
-        if self.threshold is not None and not math.isfinite(self.threshold):
-            raise ValueError(f"threshold must be a finite number, got {self.threshold}")
         if self.threshold is not None and self.estimator == "sdr":
             raise ValueError(
                 "estimator 'sdr' needs a loss twice differentiable in the noised fields; "
@@ -281,6 +338,8 @@ class QuantileRegressionQuery(_RegressionBase):
     estimator: Literal["dr"] = "dr"
     sgd: SGDOptions = SGDOptions()
 
+    _without_covariates: ClassVar[str] = "for the response's quantile use kind = \"quantiles\" with q = [tau]"
+
     @model_validator(mode="after")
     def _check(self) -> QuantileRegressionQuery:
         if not (math.isfinite(self.tau) and 0.0 < self.tau < 1.0):
@@ -295,16 +354,17 @@ class CustomQuery(_QueryBase):
 
     The callable is called with no argument (or is a loss object itself) and must give a loss
     object of :mod:`mechanisms.losses` whose data columns are ``fields`` in order, in original
-    units. ``params`` names the coefficients (defaults to ``theta0, theta1, …``); ``init`` is the
-    starting point (defaults to zeros).
+    units, every one of them among its ``noised`` columns (checked against the schema by
+    :func:`aggregator.config.check_loss_fields`). ``params`` names the coefficients (defaults to
+    ``theta0, theta1, …``); ``init`` is the starting point (finite; defaults to zeros).
     """
 
     kind: Literal["custom"] = "custom"
     loss: str
-    fields: tuple[str, ...]
+    fields: tuple[str, ...] = Field(strict=False)
     estimator: Literal["dr", "sdr", "sl", "naive"] = "dr"
-    params: tuple[str, ...] | None = None
-    init: tuple[float, ...] | None = None
+    params: tuple[str, ...] | None = Field(default=None, strict=False)
+    init: tuple[float, ...] | None = Field(default=None, strict=False)
     sgd: SGDOptions = SGDOptions()
 
     @field_validator("loss")
@@ -322,6 +382,13 @@ class CustomQuery(_QueryBase):
             raise ValueError("fields must name at least one numeric field")
         if len(set(v)) != len(v):
             raise ValueError(f"fields must be distinct, got {list(v)}")
+        return v
+
+    @field_validator("init")
+    @classmethod
+    def _check_init(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and not all(math.isfinite(t) for t in v):
+            raise ValueError(f"must be finite numbers, got {list(v)}")
         return v
 
 
@@ -368,15 +435,58 @@ def parse_query(data: Any) -> Query:
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    """One readable line from a pydantic error: ``<prefix>.<key>: <message>``."""
+    """One readable line from a pydantic error: ``<prefix>.<key>: <message>``.
+
+    A value of the wrong TOML type (the models validate strictly) reads ``must be a number, got
+    '0.9'`` (or an integer, true or false, a string, an array, a table) instead of pydantic's
+    ``Input should be …``.
+
+    Parameters
+    ----------
+    exc : pydantic.ValidationError
+    prefix : str
+        Key of the validated table (``queries.<name>``, ``kafka``); empty for the whole config.
+
+    Returns
+    -------
+    str
+        The first error; ``(and N more)`` if there are others.
+    """
     err = exc.errors()[0]
-    loc = [str(p) for p in err.get("loc", ()) if not _is_union_tag(p)]
-    key = ".".join([prefix, *loc] if prefix else loc) or prefix or "config"
+    key = prefix
+    for p in err.get("loc", ()):
+        if isinstance(p, int):  # an array item: q[0]
+            key += f"[{p}]"
+        elif not _is_union_tag(p):
+            key = f"{key}.{p}" if key else str(p)
+    key = key or "config"
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    wanted = _TYPE_ERRORS.get(err.get("type", ""))
+    if wanted is not None:
+        msg = f"must be {wanted}, got {_shown(err.get('input'))}"
     extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{key}: {msg}{extra}"
+
+
+#: pydantic error types of a value of the wrong type → what the key takes.
+_TYPE_ERRORS = {
+    "float_type": "a number", "float_parsing": "a number",
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string",
+    "tuple_type": "an array", "list_type": "an array",
+    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+    "path_type": "a path (a string)",
+}
+
+
+def _shown(value: Any) -> str:
+    """A TOML value as the user wrote it: ``true``/``false`` for booleans, ``repr`` otherwise."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 def _is_union_tag(p: Any) -> bool:

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     loss = load_custom_loss(args.loss, key="--loss") if args.loss is not None else None
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields is not None else []
     if loss is not None:  # before the replay, which can take minutes
-        check_loss_fields(loss, fields, cfg.telemetry_schema, key="--fields", loss_name=args.loss)
+        check_loss_fields(loss, fields, cfg.telemetry_schema, key="--fields", loss_name=args.loss,
+                          estimator=args.estimator)
     from ingest.kafka import KafkaSettings, reachable
 
     runtime = PipelineRuntime.from_config(cfg)  # its states' own checks, before any broker contact

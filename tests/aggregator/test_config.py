@@ -160,7 +160,8 @@ def test_parse_query_errors_are_one_line():
     with pytest.raises(ConfigError, match="name must start with a letter"):
         parse_query({"kind": "mean", "name": "bad name", "field": "a"})
     with pytest.raises(ConfigError, match="tau must be in"):
-        parse_query({"kind": "quantile_regression", "name": "r", "response": "b", "covariates": [], "tau": 1})
+        parse_query({"kind": "quantile_regression", "name": "r", "response": "b", "covariates": ["a"],
+                     "tau": 1})
     with pytest.raises(ConfigError, match="must not also be a covariate"):
         parse_query({"kind": "linear_regression", "name": "r", "response": "a", "covariates": ["a"]})
     q = parse_query({"kind": "mean", "name": "m", "field": "a"})

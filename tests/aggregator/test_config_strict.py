@@ -1,0 +1,287 @@
+"""Config validation found by a new user: regressions on no covariate, a logistic threshold that
+makes the label constant, TOML values of the wrong type silently coerced, nan/inf settings, the
+pipeline name, and custom losses that do not declare their fields noised (the docs' interface and
+factory example are checked against the code)."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+import textwrap
+
+import pytest
+
+from aggregator.cli import main
+from aggregator.config import PipelineConfig, check_loss_fields, load_custom_loss
+from aggregator.errors import ConfigError
+from mechanisms.losses import Loss
+from tests.aggregator._state_support import make_schema
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "configuration.md"
+SCHEMA = make_schema()
+BOUNDS = {f.name: (f.low, f.high) for f in SCHEMA.numeric.fields}
+
+HEAD = '[pipeline]\nname = "t"\nschema = "s.toml"\n'
+LOGIT = '[[queries]]\nkind = "logistic_regression"\nname = "lg"\ncovariates = ["a"]\nlabel = "b"\n'
+MEDIAN = '[[queries]]\nkind = "quantile_regression"\nname = "qr"\ncovariates = ["a"]\nresponse = "b"\n'
+
+
+def load(tmp_path, body: str) -> PipelineConfig:
+    (tmp_path / "s.toml").write_text(SCHEMA.dumps_toml())
+    p = tmp_path / "p.pipeline.toml"
+    p.write_text(HEAD + textwrap.dedent(body))
+    return PipelineConfig.load(p)
+
+
+def refused(tmp_path, body: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, body)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ------------------------------------------------------------------ 1. regressions need a covariate
+LOGIT_HINT = "a logistic regression needs at least one covariate"
+
+
+@pytest.mark.parametrize(("kind", "keys", "hint"), [
+    ("linear_regression", 'response = "b"', 'for the response\'s mean use kind = "mean"'),
+    ("quantile_regression", 'response = "b"',
+     'for the response\'s quantile use kind = "quantiles" with q = [tau]'),
+    ("logistic_regression", 'label = "b"\nthreshold = 0.0', LOGIT_HINT),
+    ("logistic_regression", 'label = "y"', LOGIT_HINT),
+])
+@pytest.mark.parametrize("intercept", [True, False])
+def test_a_regression_on_no_covariate_is_refused_naming_what_to_use(tmp_path, kind, keys, hint, intercept):
+    msg = refused(tmp_path, f'[[queries]]\nkind = "{kind}"\nname = "r"\n{keys}\ncovariates = []\n'
+                            f'intercept = {str(intercept).lower()}\n')
+    assert msg == f"queries.r.covariates: must name at least one numeric field, got []; {hint}"
+
+
+# ------------------------------------------------------------------ 2. logistic threshold
+def _threshold_message(t: float) -> str:
+    low, high = BOUNDS["b"]
+    return (f"queries.lg.threshold: must be in [{low:g}, {high:g}): b is clipped into its bounds "
+            f"[{low:g}, {high:g}], so y = 1{{b > threshold}} would be constant, got {t}")
+
+
+@pytest.mark.parametrize("where", ["above", "at_high", "below"])
+def test_a_threshold_making_the_label_constant_is_refused(tmp_path, where):
+    low, high = BOUNDS["b"]
+    t = {"above": 1e9, "at_high": high, "below": math.nextafter(low, -math.inf)}[where]
+    msg = refused(tmp_path, LOGIT + f"threshold = {t!r}\n")
+    assert msg == _threshold_message(float(t))
+
+
+@pytest.mark.parametrize("where", ["at_low", "below_high"])
+def test_a_threshold_splitting_the_clipped_values_is_accepted(tmp_path, where):
+    low, high = BOUNDS["b"]
+    t = {"at_low": low, "below_high": math.nextafter(high, -math.inf)}[where]
+    cfg = load(tmp_path, LOGIT + f"threshold = {t!r}\n")
+    assert cfg.query("lg").threshold == t
+
+
+# ------------------------------------------------------------------ 3. no coercion of TOML types
+@pytest.mark.parametrize(("body", "message"), [
+    ("[topics]\npartitions = true\n", "topics.partitions: must be an integer, got true"),
+    ("[topics]\npartitions = 4.0\n", "topics.partitions: must be an integer, got 4.0"),
+    ('[worker]\ncheckpoint_reports = "50000"\n',
+     "worker.checkpoint_reports: must be an integer, got '50000'"),
+    ('[worker]\ncheckpoint_interval_s = "5"\n', "worker.checkpoint_interval_s: must be a number, got '5'"),
+    ("[worker]\ngroup_id = 5\n", "worker.group_id: must be a string, got 5"),
+    ('[serve]\nport = "18080"\n', "serve.port: must be an integer, got '18080'"),
+    ('[serve]\nrefresh_interval_s = "2"\n', "serve.refresh_interval_s: must be a number, got '2'"),
+    ('[kafka]\nrequest_timeout_ms = "30000"\n', "kafka.request_timeout_ms: must be an integer, got '30000'"),
+    ('[kafka]\nssl_check_hostname = "no"\n', "kafka.ssl_check_hostname: must be true or false, got 'no'"),
+    ("[kafka]\nclient_id = 7\n", "kafka.client_id: must be a string, got 7"),
+    ('[[queries]]\nkind = "mean"\nname = "x"\nfield = "a"\nlevel = "0.9"\n',
+     "queries.x.level: must be a number, got '0.9'"),
+    ('[[queries]]\nkind = "quantiles"\nname = "x"\nfield = "a"\nq = ["0.5"]\n',
+     "queries.x.q[0]: must be a number, got '0.5'"),
+    ('[[queries]]\nkind = "quantiles"\nname = "x"\nfield = "a"\nbins = true\n',
+     "queries.x.bins: must be an integer, got true"),
+    ('[[queries]]\nkind = "frequency"\nname = "x"\nfield = "c"\nlevel = true\n',
+     "queries.x.level: must be a number, got true"),
+    (MEDIAN + 'tau = "0.5"\n', "queries.qr.tau: must be a number, got '0.5'"),
+    (MEDIAN + 'intercept = "yes"\n', "queries.qr.intercept: must be true or false, got 'yes'"),
+    (MEDIAN + "intercept = 1\n", "queries.qr.intercept: must be true or false, got 1"),
+    (MEDIAN.replace('["a"]', '"a"'), "queries.qr.covariates: must be an array, got 'a'"),
+    (MEDIAN + 'sgd = { step0 = "1" }\n', "queries.qr.sgd.step0: must be a number, got '1'"),
+    (MEDIAN + "sgd = { batch_size = 64.0 }\n", "queries.qr.sgd.batch_size: must be an integer, got 64.0"),
+    (MEDIAN + "sgd = { burn_in = true }\n", "queries.qr.sgd.burn_in: must be an integer, got true"),
+    (LOGIT + 'threshold = "1"\n', "queries.lg.threshold: must be a number, got '1'"),
+    ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:CheckLoss"\nfields = ["a"]\n'
+     'init = ["1"]\n', "queries.c.init[0]: must be a number, got '1'"),
+    ('[[queries]]\nkind = "linear_regression"\nname = "x"\nresponse = "b"\ncovariates = ["a"]\n'
+     'intercept = "false"\n', "queries.x.intercept: must be true or false, got 'false'"),
+])
+def test_a_value_of_the_wrong_toml_type_is_refused(tmp_path, body, message):
+    assert refused(tmp_path, body) == message
+
+
+@pytest.mark.parametrize(("pipeline", "message"), [
+    ('name = 5\nschema = "s.toml"', "pipeline.name: must be a string, got 5"),
+    ('name = "t"\nschema = 5', "pipeline.schema: must be a path (a string), got 5"),
+])
+def test_a_pipeline_table_of_the_wrong_types_is_refused(tmp_path, pipeline, message):
+    p = tmp_path / "p.toml"
+    p.write_text(f"[pipeline]\n{pipeline}\n")
+    with pytest.raises(ConfigError) as info:
+        PipelineConfig.load(p, validate=False)
+    assert str(info.value) == message
+
+
+def test_ints_for_floats_arrays_for_tuples_and_paths_still_load(tmp_path):
+    cfg = load(tmp_path, """
+    [kafka]
+    bootstrap_servers = ["127.0.0.1:9", "127.0.0.1:10"]
+    extra = { api_version = [0, 10], retries = "5" }   # kafka-python options pass as written
+    [worker]
+    checkpoint_interval_s = 5
+    [serve]
+    refresh_interval_s = 2
+    stale_after_s = 60
+    [[queries]]
+    kind = "logistic_regression"
+    name = "lg"
+    covariates = ["a"]
+    label = "b"
+    threshold = 1
+    sgd = { step0 = 5, step_power = 0.6 }
+    [[queries]]
+    kind = "quantiles"
+    name = "q"
+    field = "a"
+    q = [0.5, 0.9]
+    [[queries]]
+    kind = "custom"
+    name = "c"
+    loss = "mechanisms.losses:CheckLoss"
+    fields = ["a"]
+    init = [0]
+    """)
+    assert cfg.worker.checkpoint_interval_s == 5.0 and isinstance(cfg.worker.checkpoint_interval_s, float)
+    assert cfg.serve.refresh_interval_s == 2.0 and cfg.serve.stale_after_s == 60.0
+    lg = cfg.query("lg")
+    assert lg.threshold == 1.0 and lg.covariates == ("a",) and lg.sgd.step0 == 5.0
+    assert cfg.query("q").q == (0.5, 0.9) and cfg.query("c").init == (0.0,)
+    assert cfg.schema_path == tmp_path / "s.toml"
+    assert tuple(cfg.kafka.bootstrap_servers) == ("127.0.0.1:9", "127.0.0.1:10")
+    assert cfg.kafka.extra == {"api_version": [0, 10], "retries": "5"}
+
+
+# ------------------------------------------------------------------ 4. nan and inf
+@pytest.mark.parametrize(("body", "message"), [
+    ("[worker]\ncheckpoint_interval_s = nan\n",
+     "worker.checkpoint_interval_s: must be a finite number in (0, 86400], got nan"),
+    ("[worker]\ncheckpoint_interval_s = inf\n",
+     "worker.checkpoint_interval_s: must be a finite number in (0, 86400], got inf"),
+    ("[worker]\ncheckpoint_interval_s = 0\n",
+     "worker.checkpoint_interval_s: must be a finite number in (0, 86400], got 0.0"),
+    ("[serve]\nrefresh_interval_s = nan\n",
+     "serve.refresh_interval_s: must be a finite number in (0, 86400], got nan"),
+    ("[serve]\nstale_after_s = inf\n",
+     "serve.stale_after_s: must be a finite number in (0, 604800], got inf"),
+    (MEDIAN + "sgd = { step0 = nan }\n",
+     "queries.qr.sgd.step0: must be a finite number in (0, 1000], got nan"),
+    (MEDIAN + "sgd = { step0 = inf }\n",
+     "queries.qr.sgd.step0: must be a finite number in (0, 1000], got inf"),
+    (MEDIAN + "sgd = { step_power = nan }\n",
+     "queries.qr.sgd.step_power: must be a finite number in (0.5, 1), got nan"),
+    (MEDIAN + "sgd = { step_power = 1 }\n",
+     "queries.qr.sgd.step_power: must be a finite number in (0.5, 1), got 1.0"),
+    (LOGIT + "threshold = nan\n", "queries.lg.threshold: must be a finite number, got nan"),
+    ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:CheckLoss"\nfields = ["a"]\n'
+     "init = [-inf]\n", "queries.c.init: must be finite numbers, got [-inf]"),
+])
+def test_nan_and_inf_settings_are_refused_naming_the_range(tmp_path, body, message):
+    assert refused(tmp_path, body) == message
+
+
+# ------------------------------------------------------------------ 5. pipeline name
+def test_a_pipeline_name_with_a_slash_names_the_key(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(SCHEMA.dumps_toml())
+    p = tmp_path / "p.toml"
+    p.write_text('[pipeline]\nname = "fl/ights"\nschema = "s.toml"\n'
+                 '[kafka]\nbootstrap_servers = "127.0.0.1:9"\n'
+                 '[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\n')
+    expected = ("pipeline.name: must not contain '/' (checkpoints are keyed '<name>/<partition>' in "
+                "the state topic), got 'fl/ights'")
+    with pytest.raises(ConfigError) as info:
+        PipelineConfig.load(p)
+    assert str(info.value) == expected
+    assert main(["work", "--config", str(p)]) == 2  # before any broker is contacted
+    assert capsys.readouterr().err.strip().splitlines() == [f"ldp-stream work: error: {expected}"]
+
+
+# ------------------------------------------------------------------ 6. custom losses
+def _noised_message(key: str, spec: str, noised: tuple, fields: list[str]) -> str:
+    every = tuple(range(len(fields)))
+    return (f"{key}: the loss {spec!r} declares {len(noised)} noised column(s) {noised} but the "
+            f"{len(fields)} field(s) {fields} all carry ZIL noise: it must declare noised = {every} "
+            f"(for a built-in loss class, name a function that returns it built with noised={every}; "
+            f'docs/configuration.md, "Custom losses")')
+
+
+@pytest.mark.parametrize("cls", ["LinearRegressionLoss", "HuberLoss", "QuantileRegressionLoss"])
+def test_a_builtin_regression_loss_named_directly_is_refused_readably(tmp_path, cls):
+    spec = f"mechanisms.losses:{cls}"
+    msg = refused(tmp_path, f'[[queries]]\nkind = "custom"\nname = "c"\nloss = "{spec}"\n'
+                            'fields = ["a", "b"]\n')
+    assert msg == _noised_message("queries.c.fields", spec, (), ["a", "b"])
+    # the same check serves `analyze --loss … --fields …`
+    with pytest.raises(ConfigError) as info:
+        check_loss_fields(load_custom_loss(spec, key="--loss"), ["a", "b"], SCHEMA, key="--fields",
+                          loss_name=spec)
+    assert str(info.value) == _noised_message("--fields", spec, (), ["a", "b"])
+
+
+def _docs_section() -> str:
+    text = DOCS.read_text(encoding="utf-8")
+    return text[text.index("## Custom losses"):]
+
+
+def test_the_docs_list_every_abstract_member_of_loss():
+    section = _docs_section()
+    for name in sorted(Loss.__abstractmethods__):
+        assert re.search(rf"`{name}\(", section), f"docs/configuration.md omits the abstract {name}()"
+
+
+def test_the_docs_factory_example_loads_and_the_bare_class_does_not(tmp_path, monkeypatch):
+    """The python and toml blocks of the docs' custom-loss example, run as written."""
+    section = _docs_section()
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    query = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    module, func = re.search(r'loss = "(\w+):(\w+)"', query).groups()
+    (tmp_path / f"{module}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fields = list(re.search(r"fields = \[(.*?)\]", query).group(1).replace('"', "").split(", "))
+    # the example names flights fields: run it on the flights schema
+    flights = ROOT / "examples" / "flights.schema.toml"
+    p = tmp_path / "p.toml"
+    p.write_text(f'[pipeline]\nname = "t"\nschema = "{flights}"\n' + query)
+    cfg = PipelineConfig.load(p)
+    q = cfg.queries[0]
+    assert q.loss == f"{module}:{func}" and list(q.fields) == fields
+    assert tuple(load_custom_loss(q.loss).noised) == tuple(range(len(fields)))
+    cls = re.search(r"return (\w+)\(", code).group(1)
+    p.write_text(p.read_text().replace(f"{module}:{func}", f"mechanisms.losses:{cls}"))
+    with pytest.raises(ConfigError, match=r"declares 0 noised column\(s\)"):
+        PipelineConfig.load(p)
+
+
+def test_the_naive_estimator_takes_a_loss_without_noised_columns():
+    """``naive`` fits ℓ(x̃₁, θ) as is: the noised-columns check is for the corrected losses only."""
+    from ingest.schema import TelemetrySchema
+    from mechanisms.losses import LinearRegressionLoss
+
+    schema = TelemetrySchema.load(pathlib.Path(__file__).resolve().parents[2] / "examples"
+                                  / "flights.schema.toml")
+    loss = LinearRegressionLoss()  # noised = ()
+    check_loss_fields(loss, ["dep_delay", "arr_delay"], schema, key="--fields", loss_name="L",
+                      estimator="naive")
+    with pytest.raises(ConfigError, match=r"--fields: the loss 'L' declares 0 noised column"):
+        check_loss_fields(loss, ["dep_delay", "arr_delay"], schema, key="--fields", loss_name="L")
