@@ -89,6 +89,10 @@ def estimate_payload(name: str, state) -> dict:
         return state.estimate().to_dict()
     except (AggregatorError, ValueError, ArithmeticError) as exc:
         return {"query": name, "n": int(getattr(state, "n", 0)), "error": str(exc)}
+    except Exception as exc:  # a bug in one state (or a user's loss) must not stop the others
+        log.exception("query %r: estimate failed", name)
+        return {"query": name, "n": int(getattr(state, "n", 0)),
+                "error": f"internal error: {type(exc).__name__}: {exc}"}
 
 
 class EstimateStore:

@@ -517,11 +517,15 @@ class SGDState(State):
         self.buf2 = u2[full:].copy() if need_x2 else self.buf1
 
     def _check_finite(self) -> None:
-        """Mark the state diverged (and log it once) when the iterate is no longer finite."""
-        if self.diverged is None and not np.all(np.isfinite(self.theta)):
-            self.diverged = (f"query {self.name!r}: SGD diverged (non-finite iterate at step {self.t} "
-                             f"with sgd.step0 = {self.step0:g}); lower sgd.step0 and rebuild the "
-                             "query (a new query name, or a new pipeline name / group)")
+        """Mark the state diverged (and log it once) when the iterate, its average or the sums
+        behind the intervals are no longer finite (a run-away iterate overflows the sums before
+        the iterate itself)."""
+        if self.diverged is None and not all(
+                np.all(np.isfinite(a)) for a in (self.theta, self.avg, self.rs_a, self.rs_b, self.os_g,
+                                                  self.os_s, self.os_h, self.os_ht)):
+            self.diverged = (f"query {self.name!r}: SGD diverged (non-finite iterate or sums at step "
+                             f"{self.t} with sgd.step0 = {self.step0:g}); lower sgd.step0 and rebuild "
+                             "the query (a new query name, or a new pipeline name / group)")
             log.error("%s; this query takes no more steps, the others go on", self.diverged)
 
     def _own_summary(self) -> tuple[np.ndarray, np.ndarray, int] | None:
@@ -546,7 +550,8 @@ class SGDState(State):
         self.os_nb += other.os_nb
         # random-scaling summaries: kept per component (combined by step counts at estimate time)
         th, vv, ss = [self.comp_theta], [self.comp_v], [self.comp_s]
-        own = other._own_summary()
+        with np.errstate(all="ignore"):  # a diverged partition's sums: its estimate is refused
+            own = other._own_summary()
         if own is not None:
             th.append(own[0][None])
             vv.append(own[1][None])
@@ -575,13 +580,18 @@ class SGDState(State):
             that is not yet positive definite; random scaling: fewer than two averaged SGD
             steps (in every merged component).
         StateError
-            The SGD diverged (``diverged``) in this state or in one merged into it.
+            The SGD diverged (``diverged``) in this state or in one merged into it, or the
+            estimate is not finite.
         """
         if self.diverged is not None:
             raise StateError(self.diverged)
-        if self.plugin:
-            return self._plugin_estimate()
-        return self._rs_estimate()
+        with np.errstate(all="ignore"):  # a run-away iterate: refused below, no warning lines
+            est = self._plugin_estimate() if self.plugin else self._rs_estimate()
+        if not (np.all(np.isfinite(est.value)) and np.all(np.isfinite(est.stderr))):
+            raise StateError(f"query {self.name!r}: the estimate is not finite (value {est.value}, "
+                             f"stderr {est.stderr}): the SGD ran away; lower sgd.step0 "
+                             f"(now {self.step0:g}) and rebuild the query")
+        return est
 
     def one_step(self) -> tuple[np.ndarray, np.ndarray]:
         """One-step estimate and its plug-in sandwich covariance, in the SGD coordinates.

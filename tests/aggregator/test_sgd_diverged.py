@@ -134,3 +134,45 @@ def test_the_worker_goes_on_and_the_other_queries_estimate(overlap, caplog):
     lin = estimate_payload("lin", states["lin"])
     assert lin["n"] == 1200 and "SGD diverged" in lin["error"]
     assert "SGD diverged" in caplog.text and "the others go on" in caplog.text
+
+
+def test_overflowing_sums_mark_the_state_diverged_before_the_iterate_does():
+    """A run-away iterate (finite, 1e183 on the flights with step0 1e-3) overflows the one-step and
+    random-scaling sums first: the estimate was nan ± nan with warning lines; now diverged."""
+    st = build_state(_query(0.05), SCHEMA)
+    for b, x2 in _batches(1):
+        st.update(b, x2)
+    assert st.diverged is None
+    for name in ("os_s", "rs_a", "avg"):
+        probe = build_state(_query(0.05), SCHEMA)
+        probe._set_data(st._get_data())
+        getattr(probe, name).flat[0] = np.inf
+        probe._check_finite()
+        assert probe.diverged is not None and "non-finite iterate or sums" in probe.diverged, name
+
+
+def test_a_non_finite_estimate_is_refused_with_the_cause():
+    st = build_state(_query(0.05), SCHEMA)
+    for b, x2 in _batches(1):
+        st.update(b, x2)
+    est = st.estimate()
+    assert np.all(np.isfinite(est.value))
+    st.a = st.a * np.nan  # the affine map back to original units: any non-finite result
+    with np.errstate(all="raise"), pytest.raises(StateError, match="the estimate is not finite"):
+        st.estimate()
+
+
+def test_serve_reports_an_unexpected_estimate_failure_as_that_querys_error(caplog):
+    from aggregator.serve import estimate_payload
+
+    class Broken:
+        n = 7
+
+        def estimate(self):
+            return None * 1.0  # a bug: TypeError
+
+    out = estimate_payload("q", Broken())
+    assert out == {"query": "q", "n": 7,
+                   "error": "internal error: TypeError: unsupported operand type(s) for *: "
+                            "'NoneType' and 'float'"}
+    assert "query 'q': estimate failed" in caplog.text
