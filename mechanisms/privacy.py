@@ -27,13 +27,23 @@ Numerics: every expectation over ``W ~ Exp(1)`` is a trapezoid rule in ``s = log
 ``[−45, 4.5]`` with step 0.025 (1981 nodes). The integrands are smooth in ``s`` and decay
 doubly-exponentially at both ends, so the rule converges geometrically; against adaptive
 ``scipy.integrate.quad`` (split at the integrand's transition) the largest difference seen over
-``c ∈ [0.01, 100]``, ``c·h ∈ [−1000, 1000]`` was 6e-14.
+``c ∈ [0.01, 100]``, ``c·h ∈ [−1000, 1000]`` was 6e-14. Exception: ``δ_c(ε)`` for ``ε ≥ 8``,
+whose W-integrand steps too sharply for that grid, is an integral over a Gaussian variable
+instead (see :func:`delta_c`).
+
+Extreme values: every function is finite, warning-free and has the right limit over the whole
+range of doubles — ``c → 0`` (trade-off ``1 − α``, ``δ_c → 0``), ``c → ∞`` (trade-off 0 on
+(0, 1], ``δ_c → 1``), ``ε → ∞`` (``δ_c → 0``, so ``δ̃ → zero_prob``). Quantities are formed so
+that an overflow can only produce the limiting ``±∞`` (never ``∞ − ∞``), and answers that
+themselves leave the double range (an ε beyond 1.8e308, a scale below 2.2e-308) raise
+``ParameterError`` instead of returning ``inf`` or ``0``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -66,6 +76,9 @@ DEFAULT_EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
 _SQRT2 = math.sqrt(2.0)
 _METHODS = ("auto", "exact", "bound", "monte_carlo")
 _CHUNK = 256  # rows of α / ε evaluated at once against the quadrature grid
+_FLOAT_MAX = sys.float_info.max  # searches for ε or c stop here: beyond it no answer is a float
+_ALPHA_FLOOR = 1e-300  # β_c(α) is evaluated at max(α, this): 1 − F_c is not resolved below it
+_EPS_SPLIT = 8.0  # δ_c(ε): the log-w quadrature below this ε, the u-form (see delta_c) from it on
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,6 +147,17 @@ def _w_grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return w, sw, weights
 
 
+@functools.cache
+def _u_grid() -> tuple[np.ndarray, np.ndarray]:
+    """Nodes ``u`` and weights ``φ(u)·du`` of ``∫ g(u) φ(u) du`` (trapezoid, step 0.05, ±38.5)."""
+    step = 0.05
+    u = np.arange(-38.5, 38.5 + step / 2, step)  # φ(38.5) ≈ 1e-322: nothing lies beyond
+    weights = step * np.exp(-0.5 * u * u) / math.sqrt(2.0 * math.pi)
+    for arr in (u, weights):
+        arr.setflags(write=False)
+    return u, weights
+
+
 def _expect_w(fn, x: np.ndarray) -> np.ndarray:
     """``E_W fn(x, W)`` for each element of the 1-d array ``x`` (chunked over ``x``)."""
     w, sw, weights = _w_grid()
@@ -144,45 +168,62 @@ def _expect_w(fn, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _survival_p(t: np.ndarray, c: float) -> np.ndarray:
-    """``1 − F_c(t) = P(cY/√W − c²/(2W) > t)``: type-I error of the LLR test with threshold t."""
-    return _expect_w(lambda x, w, sw: special.ndtr(-(sw * x / c + c / (2.0 * sw))), t)
+def _half_c_over_sqrt_w(c: float) -> np.ndarray:
+    """``c/(2√w)`` on the quadrature nodes; ``+∞`` where it exceeds the float range (``c ≳ 6e298``).
+
+    That ``∞`` is the right limit: every Gaussian tail it enters is then exactly 0 or 1.
+    """
+    _, sw, _ = _w_grid()
+    with np.errstate(over="ignore"):
+        return (0.5 * c) / sw
 
 
-def _survival_and_density_p(t: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
-    """``1 − F_c(t)`` and the density ``F_c′(t)`` of the privacy loss under the null, one pass."""
+def _survival_p(h: np.ndarray, c: float) -> np.ndarray:
+    """``1 − F_c(c·h) = P(Y/√W − c/(2W) > h)``: type-I error of the LLR test with threshold c·h."""
+    v = _half_c_over_sqrt_w(c)
+    return _expect_w(lambda x, w, sw: special.ndtr(-(sw * x + v)), h)
+
+
+def _survival_and_density_p(h: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
+    """``1 − F_c(c·h)`` and its derivative's negative ``c·F_c′(c·h)`` (density in ``h``), one pass."""
     _, sw, weights = _w_grid()
-    surv = np.empty(t.shape)
-    dens = np.empty(t.shape)
-    for start in range(0, t.size, _CHUNK):
-        arg = sw * t[start : start + _CHUNK, None] / c + c / (2.0 * sw)
+    v = _half_c_over_sqrt_w(c)
+    surv = np.empty(h.shape)
+    dens = np.empty(h.shape)
+    for start in range(0, h.size, _CHUNK):
+        arg = sw * h[start : start + _CHUNK, None] + v
         surv[start : start + _CHUNK] = special.ndtr(-arg) @ weights
-        dens[start : start + _CHUNK] = (np.exp(-0.5 * arg * arg) * sw) @ weights
-    return surv, dens / (c * math.sqrt(2.0 * math.pi))
+        with np.errstate(over="ignore"):  # arg² beyond the float range: the density there is 0
+            dens[start : start + _CHUNK] = (np.exp(-0.5 * arg * arg) * sw) @ weights
+    return surv, dens / math.sqrt(2.0 * math.pi)
 
 
-def _beta_at_threshold(t: np.ndarray, c: float) -> np.ndarray:
-    """``P(cY/√W + c²/(2W) ≤ t)``: type-II error of the LLR test with threshold t."""
-    return _expect_w(lambda x, w, sw: special.ndtr(sw * x / c - c / (2.0 * sw)), t)
+def _beta_at_threshold(h: np.ndarray, c: float) -> np.ndarray:
+    """``P(Y/√W + c/(2W) ≤ h)``: type-II error of the LLR test with threshold c·h."""
+    v = _half_c_over_sqrt_w(c)
+    return _expect_w(lambda x, w, sw: special.ndtr(sw * x - v), h)
 
 
 def _llr_threshold(alpha: np.ndarray, c: float) -> np.ndarray:
-    """Solve ``1 − F_c(t) = α`` for ``t`` (every α strictly inside (0, 1)), vectorised.
+    """Solve ``1 − F_c(c·h) = α`` for ``h = t/c`` (every α strictly inside (0, 1)), vectorised.
 
+    The threshold is sought in units of ``c`` (DESIGN §2's ``h = F_c⁻¹(1 − α)/c``): the privacy
+    loss ``cY/√W − c²/(2W)`` has scale ``c``, so as ``c → 0`` the threshold ``t`` shrinks with it
+    while ``h`` tends to a quantile of ``Y/√W``; an absolute tolerance on ``t`` would stop at once.
     A table of ``log(1 − F_c)`` on an asinh-spaced grid gives each α a valid bracket and a
-    starting point; safeguarded Newton on ``log(1 − F_c(t)) − log α`` (bisection fallback)
-    then converges in a few steps.
+    starting point; safeguarded Newton on ``log(1 − F_c(c·h)) − log α`` (bisection fallback)
+    then converges in a few steps. ``|h|`` stays below ``4e300``, so ``√w·h`` is finite.
     """
     a_max, a_min = float(alpha.max()), float(alpha.min())
-    lo, hi = -1.0 - c * c, 1.0 + c * c
+    lo, hi = -min(1.0 + c, 1e300), min(1.0 + c, 1e300)
     while _survival_p(np.array([lo]), c)[0] < a_max and lo > -1e300:
         lo *= 4.0
     while _survival_p(np.array([hi]), c)[0] > a_min and hi < 1e300:
         hi *= 4.0
     grid = np.sinh(np.linspace(np.arcsinh(lo), np.arcsinh(hi), 257))
-    log_s = np.log(np.maximum(_survival_p(grid, c), 1e-320))  # decreasing in t
+    log_s = np.log(np.maximum(_survival_p(grid, c), 1e-320))  # decreasing in h
     target = np.log(alpha)
-    # bracket: grid[k] <= t <= grid[k+1] with log_s[k] >= target >= log_s[k+1]
+    # bracket: grid[k] <= h <= grid[k+1] with log_s[k] >= target >= log_s[k+1]
     k = np.clip(np.searchsorted(-log_s, -target, side="right") - 1, 0, grid.size - 2)
     lo_b, hi_b = grid[k].copy(), grid[k + 1].copy()
     span = log_s[k] - log_s[k + 1]
@@ -197,7 +238,7 @@ def _llr_threshold(alpha: np.ndarray, c: float) -> np.ndarray:
         surv, dens = _survival_and_density_p(ti, c)
         g = np.log(np.maximum(surv, 1e-320)) - target[idx]
         converged = np.abs(g) <= 1e-15
-        # S is decreasing in t: g > 0 means t is too small
+        # S is decreasing in h: g > 0 means h is too small
         lo_b[idx] = np.where(g > 0, ti, lo_b[idx])
         hi_b[idx] = np.where(g < 0, ti, hi_b[idx])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -246,11 +287,13 @@ def tradeoff_laplace(alpha, c: float) -> np.ndarray:
     """
     a = _check_alpha(alpha)
     c = check_positive("c", c)
-    mu = _SQRT2 * c
+    mu = _SQRT2 * c  # +∞ for c > 1.27e308: then T = 0 on (0, 1], the limit c → ∞
     with np.errstate(divide="ignore"):
         # F⁻¹(1 − α): −log(2α) for α ≤ ½, log(2(1 − α)) otherwise (accurate in both tails)
         q = np.where(a <= 0.5, -np.log(2.0 * a), np.log(2.0 * (1.0 - a)))
-    x = q - mu
+    # α = 0: q = +∞ and T(0) = 1 for every c; x stays +∞ there, never ∞ − ∞ = nan
+    x = np.full(a.shape, np.inf)
+    np.subtract(q, mu, out=x, where=a > 0.0)
     with np.errstate(over="ignore"):
         out = np.where(x < 0.0, 0.5 * np.exp(np.minimum(x, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(x, 0.0)))
     return np.asarray(out, dtype=np.float64)
@@ -262,6 +305,8 @@ def tradeoff_sl_limit(alpha, c: float) -> np.ndarray:
     With ``W ~ Exp(1)``, ``Y ~ N(0, 1)``:
     ``F_c(x) = ∫₀^∞ Φ(√w·x/c + c/(2√w)) e^(−w) dw`` (CDF of the privacy loss ``cY/√W − c²/(2W)``)
     and ``β_c(α) = ∫₀^∞ Φ(√w·h − c/(2√w)) e^(−w) dw`` with ``h = F_c⁻¹(1 − α)/c``.
+    The threshold is solved for ``h`` directly, so the result is right at both ends of the float
+    range: ``β_c(α) → 1 − α`` as ``c → 0`` and ``β_c(α) → 0`` on (0, 1] as ``c → ∞``.
 
     Parameters
     ----------
@@ -274,7 +319,9 @@ def tradeoff_sl_limit(alpha, c: float) -> np.ndarray:
     -------
     ndarray, same shape as ``alpha``
         ``β_c(α)``; ``β_c(0) = 1``, ``β_c(1) = 0``. Absolute error below 1e-9 (quadrature in
-        ``log W`` plus a Newton solve of ``F_c⁻¹`` to 1e-13 relative).
+        ``log W`` plus a Newton solve of ``F_c⁻¹`` to 1e-13 relative). An α in (0, 1e-300) is
+        evaluated at 1e-300, where ``1 − F_c`` still is a normal float: β_c is decreasing, so
+        that value is smaller — still a valid (conservative) lower bound of every ``T_{d,c}``.
 
     Raises
     ------
@@ -291,8 +338,8 @@ def tradeoff_sl_limit(alpha, c: float) -> np.ndarray:
     out = np.where(flat <= 0.0, 1.0, 0.0)
     inner = (flat > 0.0) & (flat < 1.0)
     if inner.any():
-        t = _llr_threshold(flat[inner], c)
-        out[inner] = np.clip(_beta_at_threshold(t, c), 0.0, 1.0)
+        h = _llr_threshold(np.maximum(flat[inner], _ALPHA_FLOOR), c)
+        out[inner] = np.clip(_beta_at_threshold(h, c), 0.0, 1.0)
     return out.reshape(a.shape)
 
 
@@ -358,18 +405,36 @@ def tradeoff_sl_monte_carlo(
 
 
 def _sl_log_density(x: np.ndarray, d: int) -> np.ndarray:
-    """Log density of ``SL_d(I)`` at the rows of ``x`` up to an additive constant."""
-    r = np.sqrt(np.einsum("ij,ij->i", x, x))
+    """Log density of ``SL_d(I)`` at the rows of ``x`` up to an additive constant.
+
+    ``log(r^v K_ν(√2 r))`` with ``v = (2 − d)/2``, ``ν = |v|``. scipy's ``kve`` is ``∞`` as
+    ``z = √2 r → 0`` and nan beyond ``z ≈ 1.09e9`` (a shift ``c ≳ 1e9``); there the small- and
+    large-argument forms of ``K_ν`` take over, so the result is never nan.
+    """
+    with np.errstate(over="ignore"):
+        r = np.sqrt(np.einsum("ij,ij->i", x, x))
+    huge = np.isinf(r)
+    if huge.any():  # |x|² beyond the float range (a shift c ≳ 1e154): overflow-free hypot instead
+        r[huge] = np.hypot.reduce(x[huge], axis=1)
     v = (2.0 - d) / 2.0
-    z = _SQRT2 * r
-    with np.errstate(divide="ignore", over="ignore"):
-        kve = special.kve(abs(v), z)
+    nu = abs(v)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        z = _SQRT2 * r  # +∞ only for r > 1.27e308, where the density is 0 (log −∞)
+        kve = special.kve(nu, z)
         log_k = np.log(kve) - z
-        small = ~np.isfinite(log_k)
-        if small.any():  # K_ν(z) ≈ Γ(ν)/2·(2/z)^ν as z → 0 (ν > 0)
-            nu = max(abs(v), 1e-300)
-            log_k[small] = special.gammaln(nu) - math.log(2.0) + nu * np.log(2.0 / z[small])
-        return v * np.log(r) + log_k
+        far = np.isnan(kve)  # Hankel: K_ν(z) ≈ √(π/(2z)) e^(−z) (1 + (4ν² − 1)/(8z)), z ≥ 1.09e9
+        if far.any():
+            zf = z[far]
+            hankel = np.log1p((4.0 * nu * nu - 1.0) / (8.0 * zf))
+            log_k[far] = 0.5 * np.log(math.pi / (2.0 * zf)) - zf + hankel
+        out = v * np.log(r) + log_k
+        small = np.isposinf(kve)  # K_ν(z) ≈ Γ(ν)/2·(2/z)^ν as z → 0 (ν > 0): r^v K_ν ∝ r^(v − ν)
+        if small.any():
+            nu_ = max(nu, 1e-300)
+            const = special.gammaln(nu_) - math.log(2.0) + nu_ * math.log(_SQRT2)
+            # v − ν is 0 for d ≤ 2 (finite density at 0, no 0·log 0) and 2v < 0 for d ≥ 3 (a pole)
+            out[small] = const + (2.0 * v * np.log(r[small]) if v < 0 else 0.0)
+    return out
 
 
 def _shrink(alpha: np.ndarray, zero_prob: float, base) -> np.ndarray:
@@ -489,7 +554,13 @@ def tradeoff_epsilon_delta(alpha, epsilon: float, delta: float) -> np.ndarray:
     dl = float(delta)
     if not 0.0 <= dl <= 1.0:
         raise ParameterError(f"delta must be in [0, 1], got {delta!r}")
-    lines = [np.zeros(a.shape), 1.0 - dl - math.exp(eps) * a, math.exp(-eps) * (1.0 - dl - a)]
+    try:
+        growth = math.exp(eps)
+    except OverflowError:  # ε > 709.78: e^ε·α is +∞ for every α > 0, and that line is 0 after max
+        growth = math.inf
+    slope = np.zeros(a.shape)
+    np.multiply(growth, a, out=slope, where=a > 0.0)  # e^ε·0 = 0 even when e^ε = ∞ (not nan)
+    lines = [np.zeros(a.shape), 1.0 - dl - slope, math.exp(-eps) * (1.0 - dl - a)]
     return np.maximum.reduce(lines)
 
 
@@ -504,6 +575,8 @@ def delta_c(epsilon, c: float, dim: int | None = None) -> np.ndarray:
     For ``dim == 1`` (Laplace, pure ε₀ = √2·c): ``max(0, 1 − exp((ε − ε₀)/2))``. Otherwise the
     β_c bound: ``E_W[Φ̄((ε − c²/(2W))√W/c) − e^ε Φ̄((ε + c²/(2W))√W/c)]``, a mixture over W of
     Gaussian-mechanism δ's; evaluated in log form so small values keep their relative accuracy.
+    Finite for every finite ε ≥ 0 and c > 0, with the right limits: ``δ_c(ε) → 0`` as ``ε → ∞``
+    or ``c → 0``, ``δ_c(ε) → 1`` as ``c → ∞``, and ``δ_c(k·c²) → 1 − e^(−1/(2k))`` as ``c → ∞``.
 
     Parameters
     ----------
@@ -526,16 +599,35 @@ def delta_c(epsilon, c: float, dim: int | None = None) -> np.ndarray:
     Notes
     -----
     Source: paper Thm 3.3(i); DESIGN §2 "(ε, δ̃) conversion".
+
+    Numerics. For ``ε < 8`` the W-expectation is the log-w trapezoid rule of the module
+    docstring. For larger ε its integrand falls from 1 to 0 within ``Δ log w ≈ 1/√(ε/2)`` of
+    ``w* = c²/(2ε)``, too sharp for that grid (errors up to 1.7e-3 at ``c = 1000, ε = c²``).
+    There the same expectation is taken over ``U = a(W)`` instead (``a`` is increasing in
+    ``w``, ``b² − a² = 2ε`` and ``e^ε φ(b) = φ(a)``); integrating by parts,
+    ``δ_c(ε) = ∫ φ(u)·(1 − u/b)·(1 − exp(−c²/(b − u)²)) du`` with ``b = √(u² + 2ε)``. The
+    integrand is positive (no cancellation) and analytic in a strip of half-width ``√(2ε)``;
+    a trapezoid rule in ``u`` (step 0.05 on [−38.5, 38.5]) matches adaptive quadrature to 1e-13
+    for ``ε ≥ 0.25`` and every c tried (1e-3 … 1e3), and keeps the relative accuracy of tiny
+    values (``δ_c(ε) ≈ 1 − e^(−c²/(2ε))`` as ``ε → ∞``).
     """
     e = _check_epsilon_array(epsilon)
     c = check_positive("c", c)
     d = _check_dim(dim)
     if d == 1:
-        return np.maximum(0.0, -np.expm1((e - _SQRT2 * c) / 2.0))
+        # e^((ε − ε₀)/2) overflows for ε ≫ ε₀ (δ_c = 0 there); ε₀ = √2·c is +∞ for c > 1.27e308
+        return 0.0 - np.expm1(np.minimum((e - _SQRT2 * c) / 2.0, 0.0))  # 0 − …: +0.0, never −0.0
+
+    v = _half_c_over_sqrt_w(c)  # c/(2√w), +∞ only for c ≳ 6e298
 
     def integrand(x, w, sw):
-        a = (x - c * c / (2.0 * w)) * sw / c
-        b = (x + c * c / (2.0 * w)) * sw / c
+        # a, b = ε√w/c ∓ c/(2√w), without c² (overflows for c ≳ 1e154). ε√w/c is +∞ only where it
+        # exceeds the float range (c → 0 or ε huge: Φ̄(a) = Φ̄(b) = 0, the term is 0); it and
+        # c/(2√w) are never both ∞ (their product is ε/2), so a and b are never nan.
+        with np.errstate(over="ignore"):
+            p = (x / c) * sw
+        a = p - v
+        b = p + v
         la = special.log_ndtr(-a)
         lb = special.log_ndtr(-b)
         # b ≥ a, so where Φ̄(a) underflows (c → 0: a and b → ∞) Φ̄(b) does too and the term is 0;
@@ -546,7 +638,33 @@ def delta_c(epsilon, c: float, dim: int | None = None) -> np.ndarray:
         return np.where(gone, 0.0, np.exp(la) * -np.expm1(np.minimum(x + diff, 0.0)))
 
     flat = e.ravel()
-    return np.clip(_expect_w(integrand, flat), 0.0, 1.0).reshape(e.shape)
+    out = np.empty(flat.shape)
+    low = flat < _EPS_SPLIT
+    if low.any():
+        out[low] = _expect_w(integrand, flat[low])
+    if not low.all():
+        out[~low] = _delta_c_large_epsilon(flat[~low], c)
+    return np.clip(out, 0.0, 1.0).reshape(e.shape)
+
+
+def _delta_c_large_epsilon(eps: np.ndarray, c: float) -> np.ndarray:
+    """``δ_c(ε) = ∫ φ(u)·(1 − u/b)·(1 − exp(−c²/(b − u)²)) du``, ``b = √(u² + 2ε)`` (see delta_c).
+
+    Every piece is formed without cancellation or overflow for ε up to the float range:
+    ``b − u = r²/(b + u)`` for ``u > 0`` (``r = √(2ε)``, as ``√2·√ε``), ``c/(b − u)`` may be
+    ``+∞`` (``c`` huge: the factor is 1) or underflow (``c`` tiny: 0).
+    """
+    u, weights = _u_grid()
+    out = np.empty(eps.shape)
+    for start in range(0, eps.size, _CHUNK):
+        r = _SQRT2 * np.sqrt(eps[start : start + _CHUNK, None])  # ≥ 4 here, so b + u > 0 below
+        b = np.hypot(u, r)
+        b_minus_u = np.where(u <= 0.0, b - u, r * (r / (b + u)))
+        with np.errstate(over="ignore"):
+            t = c / b_minus_u
+            cdf_w = -np.expm1(-t * t)  # P(W ≤ w(u)) with w(u) = (c/(b − u))², the inverse of a(w)
+        out[start : start + _CHUNK] = (b_minus_u / b * cdf_w) @ weights
+    return out
 
 
 def delta_for_epsilon(epsilon, c: float, zero_prob: float, dim: int | None = None) -> np.ndarray:
@@ -605,11 +723,13 @@ def epsilon_for_delta(delta: float, c: float, zero_prob: float, dim: int | None 
     Raises
     ------
     ParameterError
-        On parameters out of range or ``delta ≤ zero_prob`` (``<`` for dim 1): no finite ε exists.
+        On parameters out of range or ``delta ≤ zero_prob`` (``<`` for dim 1): no finite ε exists;
+        also when the ε asked for exceeds the float range (about 1.8e308: a huge ``c``).
 
     Notes
     -----
-    Source: paper Thm 3.3; DESIGN §2. Solved in closed form for d = 1, by brentq otherwise.
+    Source: paper Thm 3.3; DESIGN §2. Solved in closed form for d = 1, by brentq otherwise (the
+    bracket doubles from 1 up to the float range; ``δ_c(ε)`` decays like ``c²/(2ε)``).
     """
     c = check_positive("c", c)
     zp = check_open_unit("zero_prob", zero_prob)
@@ -619,7 +739,13 @@ def epsilon_for_delta(delta: float, c: float, zero_prob: float, dim: int | None 
         if dl < zp:
             _check_delta_target(dl, zp)
         # 1 − (1 − δ) e^{(ε − √2c)/2} = δ′  ⇔  ε = √2c + 2 log((1 − δ′)/(1 − δ))
-        return max(0.0, _SQRT2 * c + 2.0 * math.log((1.0 - dl) / (1.0 - zp)))
+        eps = _SQRT2 * c + 2.0 * math.log((1.0 - dl) / (1.0 - zp))
+        if not math.isfinite(eps):
+            raise ParameterError(
+                f"c={c!r} is too large: the matching epsilon sqrt(2)*c exceeds the float range "
+                f"({_FLOAT_MAX:.6g})"
+            )
+        return max(0.0, eps)
     dl = _check_delta_target(delta, zp)
 
     def f(eps: float) -> float:
@@ -629,11 +755,12 @@ def epsilon_for_delta(delta: float, c: float, zero_prob: float, dim: int | None 
         return 0.0
     hi = 1.0
     while f(hi) > 0.0:
-        hi *= 2.0
-        if hi > 1e14:
+        if hi > _FLOAT_MAX / 2.0:
             raise ParameterError(
-                f"delta={dl} is too close to zero_prob={zp}: the matching epsilon exceeds 1e14"
+                f"delta={dl} is out of reach at c={c!r}: the matching epsilon exceeds the float range "
+                f"({_FLOAT_MAX:.6g}); raise delta further above zero_prob={zp} or use a smaller c"
             )
+        hi *= 2.0
     return float(optimize.brentq(f, 0.0 if hi == 1.0 else hi / 2.0, hi, xtol=1e-13, rtol=1e-13))
 
 
@@ -686,18 +813,20 @@ def calibrate_c(epsilon: float, delta: float, zero_prob: float, dim: int | None 
     def f(c: float) -> float:
         return float(delta_for_epsilon(eps, c, zp, None)) - dl
 
+    # as c → 0, δ_c(ε) ≈ c/√2 at ε = 0 and O(c²) at ε > 0; as c → ∞, δ_c(ε) ≈ 1 − e^(−c²/(2ε)),
+    # so every δ′ < 1 at every ε up to the float range is met by some c ≲ 2e155
     lo = 1e-6
     while f(lo) >= 0.0:
         lo /= 10.0
-        if lo < 1e-15:
+        if lo < 1e-300:
             raise ParameterError(
-                f"delta={dl} is too close to zero_prob={zp} for epsilon={eps}: no c >= 1e-15 works"
+                f"delta={dl} is too close to zero_prob={zp} for epsilon={eps}: no c >= 1e-300 works"
             )
     hi = 1.0
     while f(hi) <= 0.0:
         lo, hi = hi, hi * 2.0
-        if hi > 1e6:  # pragma: no cover - δ′ < 1 is always reached long before
-            raise ParameterError(f"cannot calibrate: delta={dl} needs c > 1e6")
+        if hi > _FLOAT_MAX / 2.0:  # pragma: no cover - f(hi) > 0 long before (see above)
+            raise ParameterError(f"cannot calibrate: delta={dl} at epsilon={eps} needs c > {hi:.6g}")
     return float(optimize.brentq(f, lo, hi, xtol=1e-14, rtol=1e-13))
 
 
@@ -726,14 +855,23 @@ def calibrate_zil(
     Raises
     ------
     ParameterError
-        As :func:`calibrate_c`, and if ``diameter`` is not a finite number > 0.
+        As :func:`calibrate_c`, if ``diameter`` is not a finite number > 0, and if
+        ``diameter / c′`` leaves the range of normal floats (below 2.2e-308 or above 1.8e308).
 
     Notes
     -----
     Source: paper §3.2 after Thm 3.3; DESIGN §2 "Calibration".
     """
     diam = check_positive("diameter", diameter)
-    return diam / calibrate_c(epsilon, delta, zero_prob, dim)
+    c = calibrate_c(epsilon, delta, zero_prob, dim)
+    scale = diam / c
+    if not sys.float_info.min <= scale <= _FLOAT_MAX:
+        raise ParameterError(
+            f"scale = diameter / c = {diam:.6g} / {c:.6g} = {scale:.6g} is outside the range of normal "
+            f"floats [{sys.float_info.min:.6g}, {_FLOAT_MAX:.6g}]: no usable noise scale for this diameter "
+            "and target"
+        )
+    return scale
 
 
 # ---------------------------------------------------------------------------------------------
@@ -806,8 +944,8 @@ class ZILGuarantee:
                 f"(c = {self.c_record:.6g}, pure epsilon = sqrt(2)*c)."
             )
         how = "exact" if self.exact else "conservative bound valid for any number of fields"
-        rec = ", ".join(f"({e:g}, {d:.4g})" for e, d in zip(self.epsilons, self.delta_record))
-        att = ", ".join(f"({e:g}, {d:.4g})" for e, d in zip(self.epsilons, self.delta_attribute))
+        rec = ", ".join(f"({e:.6g}, {d:.6g})" for e, d in zip(self.epsilons, self.delta_record))
+        att = ", ".join(f"({e:.6g}, {d:.6g})" for e, d in zip(self.epsilons, self.delta_attribute))
         lines.append(
             f"* Whole report (record level, c_I = {self.c_record:.6g}): (epsilon, delta)-DP for each "
             f"pair {rec} [{how}]."
@@ -847,7 +985,8 @@ def zil_guarantee(
     Raises
     ------
     ParameterError
-        On zero_prob ∉ (0, 1), scale ≤ 0, dim < 1 or an ε < 0 / empty ``epsilons``.
+        On zero_prob ∉ (0, 1), scale ≤ 0, dim < 1 or beyond the float range, an ε < 0 / empty
+        ``epsilons``, or a scale so small that ``c_I = √d/scale`` exceeds the float range.
 
     Notes
     -----
@@ -861,8 +1000,20 @@ def zil_guarantee(
     eps = _check_epsilon_array(epsilons).ravel()
     if eps.size == 0:
         raise ParameterError("epsilons must contain at least one value >= 0")
-    c_i = math.sqrt(d) / lam
+    try:
+        root_d = math.sqrt(d)
+    except OverflowError:
+        raise ParameterError(
+            f"dim must be at most {_FLOAT_MAX:.6g} (its square root is taken), got an integer of "
+            f"{len(str(d))} digits"
+        ) from None
+    c_i = root_d / lam
     c_a = 1.0 / lam
+    if not math.isfinite(c_i):
+        raise ParameterError(
+            f"scale={lam!r} is too small for dim={d}: the shift c_I = sqrt(dim)/scale exceeds the "
+            f"float range ({_FLOAT_MAX:.6g})"
+        )
     dim_arg = 1 if d == 1 else None
     rec = delta_for_epsilon(eps, c_i, zp, dim_arg)
     att = rec if d == 1 else delta_for_epsilon(eps, c_a, zp, None)

@@ -7,7 +7,9 @@ Subcommands:
 * ``guarantee`` — the plain-language guarantee of a given (zero_prob, scale, dim).
 
 Parameter errors raised by :mod:`mechanisms.privacy` are ``ParameterError`` (a ``ValueError``);
-``aggregator.cli.main`` prints them as one line and exits with status 2.
+``aggregator.cli.main`` prints them as one line and exits with status 2. Every numeric flag is
+range-checked before any work (the upper limits below bound time and memory), and every number
+the commands print is formatted with six significant digits (``:.6g``), whatever its magnitude.
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ log = logging.getLogger(__name__)
 #: ε values of the envelope lines in ``curve`` (paper Fig. 1(a)).
 DEFAULT_CURVE_EPSILONS = "0.5,0.7,0.9,1.2,1.6,2.1,2.8"
 
+#: ``curve --points``: the PNG is 605 pixels wide, so 10⁴ points (≈ 5 s of β_c) are more than enough.
+POINTS_RANGE = (11, 10_000)
+#: ``curve --monte-carlo N`` (0 = off): the curve's standard error is ≈ 1/√N, 1e-3 at the top.
+MONTE_CARLO_RANGE = (100, 1_000_000)
+#: ``--monte-carlo × --dim``: float64 values per hypothesis sample (80 MB, a few seconds).
+MONTE_CARLO_CELLS = 10_000_000
+#: ``--dim``: the number of numeric fields of a report.
+DIM_RANGE = (1, 1_000_000)
+#: ``--epsilons``: at most this many values (envelope lines in the plot, pairs in the summary).
+MAX_EPSILONS = 100
+
 
 def _png_path(text: str) -> str:
     """``--png``: a path ending in ``.png`` (the file is always written as PNG)."""
@@ -39,7 +52,16 @@ def _epsilon_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0, got {text!r}") from None
     if not values or any(not (math.isfinite(v) and v >= 0) for v in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers >= 0, got {text!r}")
+    if len(values) > MAX_EPSILONS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_EPSILONS} values, got {len(values)}")
     return values
+
+
+def _check_range(flag: str, value: int | None, bounds: tuple[int, int]) -> None:
+    """Raise ``ParameterError`` naming ``flag`` unless ``value`` is None or within ``bounds``."""
+    lo, hi = bounds
+    if value is not None and not lo <= value <= hi:
+        raise ParameterError(f"{flag} must be in [{lo}, {hi}], got {value}")
 
 
 def register(subparsers) -> None:
@@ -105,10 +127,16 @@ def register(subparsers) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="also draw a Monte Carlo T_{dim,c,zero_prob} with N samples per hypothesis (needs --dim)",
+        help="also draw a Monte Carlo T_{dim,c,zero_prob} with N samples per hypothesis (needs --dim; "
+        f"N in [{MONTE_CARLO_RANGE[0]}, {MONTE_CARLO_RANGE[1]}], N times --dim at most {MONTE_CARLO_CELLS})",
     )
     cur.add_argument("--seed", type=int, default=None, help="seed of the Monte Carlo curve")
-    cur.add_argument("--points", type=int, default=301, help="points on the curve (>= 11)")
+    cur.add_argument(
+        "--points",
+        type=int,
+        default=301,
+        help=f"points on the curve, {POINTS_RANGE[0]} to {POINTS_RANGE[1]} (default 301)",
+    )
     cur.set_defaults(func=run_curve)
 
     gua = sub.add_parser(
@@ -138,12 +166,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     int
         0. Impossible targets raise ``ParameterError`` (exit 2 through ``main``).
     """
-    from mechanisms.privacy import calibrate_c, delta_for_epsilon
+    from mechanisms.privacy import calibrate_c, calibrate_zil, delta_for_epsilon
 
     if not (math.isfinite(args.diameter) and args.diameter > 0):
         raise ParameterError(f"diameter must be a finite number > 0, got {args.diameter}")
+    _check_range("--dim", args.dim, DIM_RANGE)
     c = calibrate_c(args.epsilon, args.delta, args.zero_prob, args.dim)
-    scale = args.diameter / c
+    scale = calibrate_zil(args.epsilon, args.delta, args.zero_prob, args.diameter, args.dim)  # range-checked
     accounting = "exact_laplace" if args.dim == 1 else "beta_c_bound"
     check = float(delta_for_epsilon(args.epsilon, c, args.zero_prob, 1 if args.dim == 1 else None))
     if args.json:
@@ -159,7 +188,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
                     "dim": args.dim,
                     "accounting": accounting,
                     "delta_tilde_check": check,
-                }
+                },
+                allow_nan=False,
             )
         )
         return 0
@@ -168,8 +198,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if args.dim == 1
         else "beta_c bound, valid for any number of fields"
     )
-    print(f"c = {c:.6f}")
-    print(f"scale = {scale:.6f}")
+    print(f"c = {c:.6g}")
+    print(f"scale = {scale:.6g}")
     print(
         # the user's parameters as given (:g would print δ = 0.99999999 as 1)
         f"ZIL(zero_prob={args.zero_prob:.12g}, scale={scale:.6g}) over diameter {args.diameter:.12g} is "
@@ -195,12 +225,21 @@ def run_curve(args: argparse.Namespace) -> int:
 
     from mechanisms.privacy import delta_for_epsilon, tradeoff_epsilon_delta, tradeoff_zil
 
-    if args.points < 11:
-        raise ParameterError(f"points must be an integer >= 11, got {args.points}")
-    if args.monte_carlo < 0:
-        raise ParameterError(f"monte-carlo must be >= 0, got {args.monte_carlo}")
-    if args.monte_carlo and args.dim is None:
-        raise ParameterError("--monte-carlo needs --dim (the dimension to simulate)")
+    _check_range("--points", args.points, POINTS_RANGE)
+    _check_range("--dim", args.dim, DIM_RANGE)
+    if args.monte_carlo:
+        lo, hi = MONTE_CARLO_RANGE
+        if not lo <= args.monte_carlo <= hi:
+            raise ParameterError(
+                f"--monte-carlo must be 0 (no Monte Carlo curve) or in [{lo}, {hi}], got {args.monte_carlo}"
+            )
+        if args.dim is None:
+            raise ParameterError("--monte-carlo needs --dim (the dimension to simulate)")
+        if args.monte_carlo * args.dim > MONTE_CARLO_CELLS:
+            raise ParameterError(
+                f"--monte-carlo times --dim must be at most {MONTE_CARLO_CELLS} (memory), got "
+                f"{args.monte_carlo} * {args.dim} = {args.monte_carlo * args.dim}"
+            )
     if args.seed is not None and args.seed < 0:
         raise ParameterError(f"--seed must be an integer >= 0, got {args.seed}")
     alpha = np.linspace(0.0, 1.0, args.points)
@@ -242,9 +281,9 @@ def run_curve(args: argparse.Namespace) -> int:
     finally:
         plt.close(fig)
     print(f"wrote {args.png}")
-    print("epsilon  delta_tilde")
+    print("    epsilon  delta_tilde")
     for e, d in zip(eps, dts):
-        print(f"{e:7.3g}  {d:.6f}")
+        print(f"{e:11.6g}  {d:.6g}")
     return 0
 
 
@@ -258,6 +297,7 @@ def run_guarantee(args: argparse.Namespace) -> int:
     """
     from mechanisms.privacy import DEFAULT_EPSILONS, zil_guarantee
 
+    _check_range("--dim", args.dim, DIM_RANGE)
     g = zil_guarantee(args.zero_prob, args.scale, args.dim, args.epsilons or DEFAULT_EPSILONS)
-    print(json.dumps(g.to_dict()) if args.json else g.summary())
+    print(json.dumps(g.to_dict(), allow_nan=False) if args.json else g.summary())
     return 0

@@ -7,6 +7,7 @@ Formulas: DESIGN §2 "Privacy accounting"; paper Prop. 3.1–3.2, Thm 3.1–3.3,
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import pathlib
@@ -225,6 +226,144 @@ def test_delta_c_vanishing_c_is_zero_not_nan():
         assert g.delta_attribute == pytest.approx([0.2] * len(g.epsilons), abs=1e-15)
 
 
+# c over the whole float range, from a vanishing shift (huge scale) to a huge one (tiny scale)
+EXTREME_C = (1e-300, 1e-154, 1e-20, 1.0, 1e20, 1e154, 1e300, 1.7e308)
+EXTREME_EPS = np.array([0.0, 1e-300, 1e-9, 1.0, 1e9, 1e300, 1.7e308])
+
+
+def _delta_c_laplace(eps: float, c: float) -> float:
+    """δ_c of the d = 1 (Laplace, pure ε₀ = √2·c) trade-off, written out with Python floats."""
+    eps0 = math.sqrt(2) * c  # inf for c > 1.27e308
+    return 0.0 if eps >= eps0 else -math.expm1((eps - eps0) / 2)
+
+
+@pytest.mark.parametrize("dim", [None, 1])
+def test_delta_c_extreme_epsilon_and_c_has_the_limits(dim):
+    """Every (ε, c) across the float range: finite, in [0, 1], no RuntimeWarning (the suite turns
+    warnings into errors), and the right limits (found: ``privacy guarantee --scale 1e300
+    --epsilons 0,1e-9,1e9`` overflowed e^ε / ε√w/c, and printed nan with other numpy builds).
+
+    Independent checks: d = 1 against the closed form above; the bound against
+    (i) δ_c(ε) → P(W < c²/(2ε)) = 1 − e^(−c²/(2ε)) as ε → ∞ (the privacy loss exceeds ε only
+    when c²/(2W) > ε), (ii) δ_c(ε) ≤ δ_c(0) = TV ≤ E[c/√(2πW)] = c/√2 (2Φ(x) − 1 ≤ x√(2/π)),
+    (iii) δ_c(ε) ≥ the Laplace δ_c(ε) (β_c ≤ T_{1,c}, Thm 3.2(ii)), which is 1 for c ≫ ε.
+    """
+    for c in EXTREME_C:
+        got = delta_c(EXTREME_EPS, c, dim)
+        assert np.all(np.isfinite(got)) and np.all((got >= 0.0) & (got <= 1.0)), (c, got)
+        assert np.all(np.diff(got) <= 1e-15), (c, got)  # non-increasing in ε
+        for eps, d in zip(EXTREME_EPS.tolist(), got):
+            lap = _delta_c_laplace(eps, c)
+            if dim == 1:
+                assert d == pytest.approx(lap, rel=1e-12, abs=1e-300), (c, eps)
+                continue
+            assert d >= lap - 1e-12, (c, eps, d, lap)
+            assert d <= c / math.sqrt(2) + 1e-16, (c, eps, d)
+            if eps >= 1e9:
+                ratio = c / math.sqrt(2) / math.sqrt(eps)  # c²/(2ε) = ratio·ratio (may be inf)
+                limit = -math.expm1(-ratio * ratio)
+                assert d == pytest.approx(limit, rel=1e-6, abs=1e-300), (c, eps, d, limit)
+    # the ZIL δ̃ tends to zero_prob, exactly at the float level
+    assert np.all(delta_for_epsilon(np.array([1e9, 1e300, 1.7e308]), 1e-300, 0.2, dim) == 0.2)
+
+
+def _delta_c_quad(eps: float, c: float) -> float:
+    """δ_c(ε) = E_W[Φ̄(a) − e^ε Φ̄(b)] by adaptive quadrature in s = log w, with breakpoints around
+    w* = c²/(2ε), where the integrand falls from 1 to 0 within Δs ≈ 1/√(ε/2)."""
+
+    def f(s):
+        sw = math.exp(s / 2)
+        a = eps * sw / c - c / (2 * sw)
+        b = eps * sw / c + c / (2 * sw)
+        return (stats.norm.sf(a) - math.exp(eps + stats.norm.logsf(b))) * math.exp(s - math.exp(s))
+
+    s_star, width = math.log(c * c / (2 * eps)), 1 / math.sqrt(eps / 2)
+    pts = sorted({-80.0, 6.0, *(s_star + k * width for k in (-40, -10, -3, -1, 0, 1, 3, 10, 40))})
+    pts = [x for x in pts if -80.0 <= x <= 6.0]
+    return sum(integrate.quad(f, lo, hi, limit=500, epsabs=1e-17, epsrel=1e-13)[0]
+               for lo, hi in itertools.pairwise(pts))
+
+
+def test_delta_c_large_epsilon_against_quadrature_and_limit():
+    """Large ε (≈ c²): the fixed log-w grid could not resolve the integrand's step at w* and was off
+    by up to 1.7e-3 (c = 1000, ε = c²; 1.2e-4 at c = 100, ε = 3c²), in both directions. Now within
+    1e-10 of adaptive quadrature, for moderate ε too; and for c → ∞ at ε = k·c² it tends to
+    P(W < 1/(2k)) = 1 − e^(−1/(2k)), the limit of the privacy loss (c/√W)·(Y − c/(2√W))."""
+    cases = [(0.5, 8.0), (3.0, 20.0), (3.0, 50.0), (10.0, 374.0)]
+    cases += [(c, k * c * c) for c in (100.0, 300.0, 1000.0) for k in (0.25, 1.0, 3.0)]
+    for c, eps in cases:
+        assert float(delta_c(eps, c)) == pytest.approx(_delta_c_quad(eps, c), abs=1e-10), (c, eps)
+    for c in (1e8, 1e100, 1e150):
+        for k in (0.25, 1.0, 3.0):
+            assert float(delta_c(k * c * c, c)) == pytest.approx(-math.expm1(-0.5 / k), rel=1e-9), (c, k)
+
+
+def test_tradeoff_vanishing_c_is_the_identity():
+    """c → 0 (a huge scale): β_c(α) → 1 − α, and T_{c,δ}(α) → max(0, 1 − δ − α) (the exact
+    releases only). Before the threshold was solved in units of c, the Newton step's absolute
+    tolerance stopped at once: β_c(0.5) was 0.49998 at c = 1e-9 and 1 at c = 1e-100, and c = 1e-300
+    overflowed (``privacy curve --c 1e-300``). Independent bound: 0 ≤ 1 − α − β_c(α) ≤ δ_c(0) ≤
+    c/√2 (see the δ_c test above)."""
+    alpha = np.array([0.0, 1e-300, 1e-9, 0.01, 0.13, 0.5, 0.9, 0.999, 1.0])
+    for c in (1e-9, 1e-12, 1e-20, 1e-100, 1e-300):
+        gap = 1.0 - alpha - tradeoff_sl_limit(alpha, c)
+        assert np.all(gap >= -1e-12) and np.all(gap <= c / math.sqrt(2) + 1e-12), (c, gap)
+        zil = tradeoff_zil(alpha, c, 0.2)
+        assert np.allclose(zil, np.maximum(0.0, 0.8 - alpha), rtol=0, atol=c + 1e-12), (c, zil)
+        assert np.max(np.abs(tradeoff_sl_limit(tradeoff_sl_limit(alpha, c), c) - alpha)) < 1e-9
+
+
+def test_tradeoff_huge_c_is_zero():
+    """c → ∞ (a tiny scale): every trade-off is 0 on (0, 1] — exactly, in floats, from c ≈ 1100 on,
+    because β_c ≤ T_{1,c} and T_{1,c}(α) ≤ ½·e^(744.5 − √2·c) for α ≥ 5e-324. c ≥ 1e154 used to
+    overflow (c², (c/2)/√w) and the Monte Carlo curve took K_ν beyond scipy's range (nan)."""
+    alpha = np.array([0.0, 5e-324, 1e-300, 1e-9, 0.5, 1.0])
+    for c in (1100.0, 1e20, 1e154, 1e300, 1.7e308):
+        for curve in (tradeoff_sl_limit(alpha, c), tradeoff_laplace(alpha, c)):
+            assert curve[0] == 1.0 and np.all(curve[1:] == 0.0), (c, curve)
+        for dim in (None, 1):
+            z = tradeoff_zil(alpha, c, 0.2, dim)
+            assert z[0] == 0.8 and np.all(z[1:] == 0.0), (c, dim, z)
+        for d in (1, 2, 3):
+            mc = tradeoff_sl_monte_carlo(alpha, c, d, n=500, rng=np.random.default_rng(d))
+            assert np.all(mc[1:] == 0.0), (c, d, mc)
+
+
+def test_envelope_huge_epsilon():
+    """f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^(−ε)(1 − δ − α)) for ε beyond e^ε's range (``privacy
+    curve --epsilons 1e9`` raised OverflowError): 1 − δ at α = 0, e^(−ε)(1 − δ − α)⁺ elsewhere."""
+    a = np.array([0.0, 1e-300, 0.1, 0.8, 1.0])
+    for eps in (709.8, 1e9, 1.7e308):
+        want = np.where(a == 0.0, 0.8, np.maximum(0.0, math.exp(-eps) * (0.8 - a)))
+        assert np.array_equal(tradeoff_epsilon_delta(a, eps, 0.2), want), eps
+
+
+def test_inverse_and_calibration_across_the_float_range():
+    """ε for a δ′ needing more than 1e14 (the old search limit) is found; c for an ε up to 1e300;
+    answers beyond the float range are refused with a message, never returned as inf.
+    Independent values from the large-c limit δ_c(k·c²) → 1 − e^(−1/(2k))."""
+    # δ_c = (0.3 − 0.2)/0.8 = 0.125 at c = 1e8  ⇒  ε ≈ c²/(2·(−log(1 − 0.125)))
+    eps = epsilon_for_delta(0.3, 1e8, 0.2)
+    assert eps == pytest.approx(1e16 / (2 * -math.log1p(-0.125)), rel=1e-9)
+    assert float(delta_for_epsilon(eps, 1e8, 0.2)) == pytest.approx(0.3, abs=1e-12)
+    # δ_c = 0.94/0.95 at ε = 1e300  ⇒  c ≈ √(2ε·(−log(1 − 0.94/0.95)))
+    c = calibrate_c(1e300, 0.99, 0.05)
+    assert c == pytest.approx(math.sqrt(2e300 * -math.log1p(-0.94 / 0.95)), rel=1e-9)
+    with pytest.raises(ParameterError, match="float range"):
+        epsilon_for_delta(0.3, 1e300, 0.2)  # ε would be ~ c² = 1e600
+    with pytest.raises(ParameterError, match="float range"):
+        epsilon_for_delta(0.3, 1.7e308, 0.2, dim=1)  # √2·c overflows (returned inf)
+    with pytest.raises(ParameterError, match="scale = diameter / c"):
+        calibrate_zil(0.8, 0.17, 0.05, diameter=1e308)  # scale 2e308 (returned inf)
+    with pytest.raises(ParameterError, match="scale = diameter / c"):
+        calibrate_zil(1.7e308, 0.99, 0.05, diameter=1.0, dim=1)  # c = 1.2e308: scale subnormal
+    assert calibrate_zil(0.8, 0.17, 0.05, diameter=1e-300) == pytest.approx(1e-300 / 0.50252129305, rel=1e-9)
+    with pytest.raises(ParameterError, match="scale=1e-310 is too small"):
+        zil_guarantee(0.05, 1e-310, 3)  # c_I overflows (the message named c, not scale)
+    with pytest.raises(ParameterError, match="dim must be at most"):
+        zil_guarantee(0.05, 1.0, 10**400)  # math.sqrt raised OverflowError
+
+
 def test_delta_tilde_properties():
     eps = np.array([0.0, 0.5, 1.0, 2.0, 5.0, 20.0])
     for zp in (0.01, 0.2):
@@ -369,6 +508,9 @@ def test_zil_guarantee_fields_and_summary():
     assert d["epsilons"] == [0.5, 1.0, 2.0]
     text = g.summary()
     assert "0.05" in text and "exactly" in text.lower() and "no noise" in text.lower()
+    # δ̃ with six significant digits like every other number (it was :.4g)
+    for e, dr, da in zip(g.epsilons, g.delta_record, g.delta_attribute):
+        assert f"({e:.6g}, {dr:.6g})" in text and f"({e:.6g}, {da:.6g})" in text
     with pytest.raises(dataclasses.FrozenInstanceError):
         g.scale = 3.0  # type: ignore[misc]
 
