@@ -393,7 +393,7 @@ def _kafka_settings(raw: Any):
         from ingest.kafka import KafkaSettings
     except ImportError:  # pragma: no cover - only while ingest.kafka is being written
         return dict(raw)
-    _check_kafka_types(KafkaSettings, raw)
+    check_kafka_types(raw)
     try:
         return KafkaSettings(**raw)
     except ValidationError as exc:
@@ -402,17 +402,30 @@ def _kafka_settings(raw: Any):
         raise ConfigError(f"kafka: {_one_line(exc)}") from None
 
 
-def _check_kafka_types(settings_cls, raw: dict) -> None:
+def check_kafka_types(raw: dict) -> None:
     """Validate the scalar keys of ``[kafka]`` strictly, as the other sections are.
 
     ``KafkaSettings`` (``ingest.kafka``) validates in pydantic's lax mode, which turns
     ``request_timeout_ms = "30000"`` into 30000 and ``ssl_check_hostname = "no"`` into False. Its
     scalar fields (strings, integers, booleans, choices, secrets) are checked here without
     coercion; ``bootstrap_servers`` (a string or an array) and ``extra`` (any kafka-python option)
-    keep their own rules, and unknown keys are left for ``KafkaSettings`` to name.
+    keep their own rules, and unknown keys are left for ``KafkaSettings`` to name. Used for the
+    pipeline config's ``[kafka]`` and for ``ldp-stream produce --kafka-config FILE``.
+
+    Parameters
+    ----------
+    raw : dict
+        The table's keys and values as read from TOML.
+
+    Raises
+    ------
+    ConfigError
+        ``kafka.<key>: must be …, got …``.
     """
+    from ingest.kafka import KafkaSettings
+
     for key, value in raw.items():
-        field = settings_cls.model_fields.get(key)
+        field = KafkaSettings.model_fields.get(key)
         if field is None or field.annotation is Any or get_origin(field.annotation) in (tuple, dict):
             continue
         try:

@@ -105,6 +105,13 @@ def _settings(args: argparse.Namespace, base=None):
         if "bootstrap_servers" in fields:
             raise CLIError(f"--kafka-config {args.kafka_config}: bootstrap_servers is not read from this "
                            "file; give --bootstrap-servers (or [kafka] bootstrap_servers in --config)")
+        from aggregator.config import check_kafka_types
+        from aggregator.errors import ConfigError
+
+        try:  # no lax coercion ("30000" → 30000), as for [kafka] in a pipeline config
+            check_kafka_types(fields)
+        except ConfigError as exc:
+            raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
     try:
         if base is not None:
             return KafkaSettings(**{**base.model_dump(), **fields})

