@@ -192,6 +192,23 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint has {len(data) - pos} trailing bytes")
         return cls(fingerprint=fp, states=states, version=version, **meta)
 
+    def require_queries(self, names) -> None:
+        """Refuse a checkpoint whose queries are not exactly ``names`` (the config's).
+
+        A query added, removed or renamed in the config makes the checkpoint unusable as a
+        whole: its ``next_offset`` is shared by all its queries (docs/deploy.md, "Changing the
+        queries"). Workers then rebuild the partition; serve reports why it has no estimate.
+
+        Raises
+        ------
+        CheckpointError
+            ``checkpoint of partition P holds queries [...], the config has [...]``.
+        """
+        want = sorted(names)
+        if sorted(self.states) != want:
+            raise CheckpointError(f"checkpoint of partition {self.partition} holds queries "
+                                  f"{sorted(self.states)}, the config has {want}")
+
     def __repr__(self) -> str:
         try:
             return (

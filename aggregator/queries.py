@@ -384,6 +384,21 @@ class CustomQuery(_QueryBase):
             raise ValueError(f"fields must be distinct, got {list(v)}")
         return v
 
+    @field_validator("params")
+    @classmethod
+    def _check_params(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        # the `param` label of the metrics and the names in the JSON: distinct, plain names
+        # (a repeated name made one coefficient vanish from /metrics)
+        if v is None:
+            return v
+        bad = [p for p in v if not _NAME_RE.match(p)]
+        if bad:
+            raise ValueError(f"names must start with a letter or '_' and contain only letters, digits, "
+                             f"'_', '.', '-' (at most 128 characters), got {bad[0]!r}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"must be distinct names, got {list(v)}")
+        return v
+
     @field_validator("init")
     @classmethod
     def _check_init(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:

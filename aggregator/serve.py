@@ -62,6 +62,8 @@ def merge_checkpoints(checkpoints: Iterable[Checkpoint], runtime) -> tuple[dict,
     for ck in parts:
         if ck.fingerprint != runtime.fingerprint:
             raise CheckpointError(f"checkpoint of partition {ck.partition} has another schema fingerprint")
+        if runtime.queries:  # as the workers: a query added or removed makes it unusable
+            ck.require_queries(runtime.queries)
         for name, blob in ck.states.items():
             st = runtime.restore_state(name, blob)
             if name in merged:

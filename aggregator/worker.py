@@ -622,10 +622,7 @@ class Worker:
                 ck = Checkpoint.from_bytes(raw)
                 if ck.fingerprint != self.runtime.fingerprint:
                     raise CheckpointError("checkpoint was built for another schema fingerprint")
-                names = set(self.runtime.new_states())
-                if set(ck.states) != names:
-                    raise CheckpointError(f"checkpoint holds queries {sorted(ck.states)}, config has "
-                                          f"{sorted(names)}")
+                ck.require_queries(self.runtime.new_states())
                 states = {n: self.runtime.restore_state(n, blob) for n, blob in ck.states.items()}
                 return PartitionState(partition, ck.next_offset, states, ck.reports, ck.records,
                                       published_offset=ck.next_offset)

@@ -524,8 +524,8 @@ class SGDState(State):
                 np.all(np.isfinite(a)) for a in (self.theta, self.avg, self.rs_a, self.rs_b, self.os_g,
                                                   self.os_s, self.os_h, self.os_ht)):
             self.diverged = (f"query {self.name!r}: SGD diverged (non-finite iterate or sums at step "
-                             f"{self.t} with sgd.step0 = {self.step0:g}); lower sgd.step0 and rebuild "
-                             "the query (a new query name, or a new pipeline name / group)")
+                             f"{self.t} with sgd.step0 = {self.step0:g}); lower sgd.step0 (the "
+                             "workers then rebuild the query from the earliest retained report)")
             log.error("%s; this query takes no more steps, the others go on", self.diverged)
 
     def _own_summary(self) -> tuple[np.ndarray, np.ndarray, int] | None:
@@ -590,7 +590,7 @@ class SGDState(State):
         if not (np.all(np.isfinite(est.value)) and np.all(np.isfinite(est.stderr))):
             raise StateError(f"query {self.name!r}: the estimate is not finite (value {est.value}, "
                              f"stderr {est.stderr}): the SGD ran away; lower sgd.step0 "
-                             f"(now {self.step0:g}) and rebuild the query")
+                             f"(now {self.step0:g}; the workers then rebuild the query)")
         return est
 
     def one_step(self) -> tuple[np.ndarray, np.ndarray]:

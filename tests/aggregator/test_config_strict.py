@@ -285,3 +285,45 @@ def test_the_naive_estimator_takes_a_loss_without_noised_columns():
                       estimator="naive")
     with pytest.raises(ConfigError, match=r"--fields: the loss 'L' declares 0 noised column"):
         check_loss_fields(loss, ["dep_delay", "arr_delay"], schema, key="--fields", loss_name="L")
+
+
+@pytest.mark.parametrize("params, message", [
+    ('["a", "a"]', "queries.c.params: must be distinct names, got ['a', 'a']"),
+    ('["", "x"]', "queries.c.params: names must start with a letter or '_' and contain only letters, "
+                  "digits, '_', '.', '-' (at most 128 characters), got ''"),
+    ('["ok", "x\\"y"]', "queries.c.params: names must start with a letter or '_' and contain only "
+                        "letters, digits, '_', '.', '-' (at most 128 characters), got 'x\"y'"),
+])
+def test_custom_params_are_distinct_plain_names(params, message):
+    """A repeated name made one coefficient vanish from /metrics (one series per param label)."""
+    import tomllib
+
+    from aggregator.queries import parse_query
+
+    text = ('kind = "custom"\nname = "c"\nloss = "mechanisms.losses:CheckLoss"\nfields = ["a"]\n'
+            f"params = {params}\n")
+    with pytest.raises(ConfigError) as exc:
+        parse_query(tomllib.loads(text))
+    assert str(exc.value) == message
+
+
+def test_a_loss_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
+    """docs/configuration.md: the working directory is searched (the installed script's sys.path
+    does not hold it); appended, so it never shadows an installed module."""
+    import sys
+
+    (tmp_path / "wd_losses_s13.py").write_text(
+        "from mechanisms.losses import CheckLoss\n\ndef median():\n    return CheckLoss()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    loss = load_custom_loss("wd_losses_s13:median", key="queries.m.loss")
+    assert type(loss).__name__ == "CheckLoss"
+    assert sys.path[-1] == str(tmp_path)
+    with pytest.raises(ConfigError, match=r"queries\.m\.loss: cannot import module 'nowhere_s13': .*"
+                                          r"searched: PYTHONPATH, installed packages, the working directory"):
+        load_custom_loss("nowhere_s13:f", key="queries.m.loss")
+
+
+def test_a_factory_that_exits_is_a_config_error_not_a_silent_exit():
+    with pytest.raises(ConfigError, match=r"^loss: calling 'sys:exit' failed: SystemExit$"):
+        load_custom_loss("sys:exit")

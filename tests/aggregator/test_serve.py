@@ -245,3 +245,28 @@ def test_checkpoints_of_edited_queries_say_why_they_are_not_used(runtime, checkp
     fresh = EstimateStore(edited)  # nothing in the state topic: the plain message
     fresh.set_checkpoints({})
     assert all(e["error"] == "no checkpoint yet" for e in fresh.estimates().values())
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_checkpoints_of_another_query_set_are_not_used_as_the_workers_do(runtime, checkpoints, change):
+    """A query added or removed: the workers rebuild every partition (the checkpoints' queries are
+    not the config's); serve served the old checkpoints for the unchanged queries after an
+    addition, and answered a bare KeyError after a removal."""
+    raw, _ = checkpoints
+    text = (f'[pipeline]\nname = "flights"\nschema = "{ps.SCHEMA}"\n'
+            '[kafka]\nbootstrap_servers = "127.0.0.1:9"\n')
+    queries = ps.available_queries()
+    if change == "added":
+        queries += '\n[[queries]]\nkind = "mean"\nname = "dep_delay_mean_s13"\nfield = "dep_delay"\n'
+    else:
+        queries = queries.rpartition("[[queries]]")[0]
+    edited = PipelineRuntime.from_config(PipelineConfig.from_dict(tomllib.loads(text + queries)))
+    assert set(edited.queries) != set(runtime.queries)
+    store = EstimateStore(edited)
+    store.set_checkpoints(raw)
+    ests = store.estimates()
+    assert set(ests) == set(edited.queries)
+    for est in ests.values():
+        assert est["n"] == 0, est
+        assert "checkpoint of partition 0 holds queries" in est["error"]
+        assert "the config has" in est["error"]
