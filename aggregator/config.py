@@ -431,6 +431,9 @@ def check_kafka_types(raw: dict) -> None:
         try:
             TypeAdapter(field.annotation, config=ConfigDict(strict=True)).validate_python(value)
         except ValidationError as exc:
+            if "Secret" in str(field.annotation):  # never echo a password, even a mistyped one
+                raise ConfigError(f"kafka.{key}: must be a string (the value is not shown: a secret), "
+                                  f"got a {type(value).__name__}") from None
             raise ConfigError(format_validation_error(exc, prefix=f"kafka.{key}")) from None
 
 

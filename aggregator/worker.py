@@ -581,7 +581,11 @@ class Worker:
             for tp in lost:
                 self.owned.pop(tp.partition, None)
             self.metrics.owned.set(len(self.owned))
-        log.warning("lost %s without checkpoint; their next owner replays from the last checkpoint",
+        # the group moved on without this member (a rebalance it missed, e.g. while another member
+        # left at shutdown): no checkpoint can be published for them any more, but the last one is
+        # durable, so the next owner resumes there — exactly once all the same
+        log.warning("lost %s to a rebalance (no checkpoint can follow); their next owner resumes from "
+                    "their last published checkpoint, so no report is lost or counted twice",
                     sorted(tp.partition for tp in lost))
 
     # ---------------------------------------------------------------------------------- restore

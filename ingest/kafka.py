@@ -220,7 +220,8 @@ class KafkaSettings(BaseModel):
         if not tls and any(files.values()):
             used = [k for k, v in files.items() if v]
             raise ValueError(
-                f"{', '.join(used)} need security_protocol SSL or SASL_SSL, got {self.security_protocol}"
+                f"{', '.join(used)} {'needs' if len(used) == 1 else 'need'} security_protocol SSL or "
+                f"SASL_SSL, got {self.security_protocol}"
             )
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ValueError("ssl_certfile and ssl_keyfile must be given together (mutual TLS)")
@@ -248,11 +249,23 @@ class KafkaSettings(BaseModel):
         if self.security_protocol in ("SSL", "SASL_SSL"):
             cfg["ssl_check_hostname"] = self.ssl_check_hostname
             for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-                if getattr(self, k) is not None:
-                    cfg[k] = getattr(self, k)
+                path = getattr(self, k)
+                if path is not None:
+                    # checked where a client is built (the config may be written on another
+                    # machine): a missing file made kafka-python retry ~30 s, logging the errno
+                    # without the file name
+                    try:
+                        with open(path, "rb"):
+                            pass
+                    except OSError as exc:
+                        raise ConfigError(f"kafka.{k}: cannot read {path!r}: "
+                                          f"{exc.strerror or exc}") from None
+                    cfg[k] = path
             if self.ssl_password is not None:
                 cfg["ssl_password"] = self.ssl_password.get_secret_value()
-        cfg.update(self.extra)
+        # TOML has arrays but no tuples, and kafka-python wants tuples (api_version = [2, 5, 0]
+        # failed with "api_version must be tuple"): arrays are passed as tuples
+        cfg.update({k: tuple(v) if isinstance(v, list) else v for k, v in self.extra.items()})
         return cfg
 
     def producer_config(self, **overrides: Any) -> dict[str, Any]:

@@ -658,15 +658,26 @@ _SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", 
                   "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname")
 
 
-def _secure_variants():
+def _secure_variants(tls_dir: Path):
+    """The secure example config and an mTLS variant, with their TLS files (mounted at
+    /etc/ldp-stream/tls in a deployment) moved to readable stand-ins in ``tls_dir``: the files
+    are opened when a client is built."""
     from aggregator.config import PipelineConfig
 
+    def here(path: str) -> str:
+        local = tls_dir / Path(path).name
+        local.write_text("-----BEGIN CERTIFICATE-----\n")
+        return str(local)
+
     base = tomllib.loads((DEPLOY / "config" / "secure.pipeline.toml").read_text())
+    assert base["kafka"]["ssl_cafile"].startswith("/etc/ldp-stream/tls/")
+    base["kafka"]["ssl_cafile"] = here(base["kafka"]["ssl_cafile"])
     mtls = dict(base)
     mtls["kafka"] = {
         "bootstrap_servers": base["kafka"]["bootstrap_servers"], "security_protocol": "SSL",
-        "ssl_cafile": "/etc/ldp-stream/tls/ca.crt", "ssl_certfile": "/etc/ldp-stream/tls/client.crt",
-        "ssl_keyfile": "/etc/ldp-stream/tls/client.key", "ssl_password": "key-pass",
+        "ssl_cafile": here("/etc/ldp-stream/tls/ca.crt"),
+        "ssl_certfile": here("/etc/ldp-stream/tls/client.crt"),
+        "ssl_keyfile": here("/etc/ldp-stream/tls/client.key"), "ssl_password": "key-pass",
     }
     out = {}
     for name, data in (("sasl_ssl", base), ("mtls", mtls)):
@@ -675,14 +686,14 @@ def _secure_variants():
 
 
 @pytest.mark.parametrize("variant", ["sasl_ssl", "mtls"])
-def test_kafka_security_reaches_every_worker_and_serve_client(variant, monkeypatch):
+def test_kafka_security_reaches_every_worker_and_serve_client(variant, monkeypatch, tmp_path):
     """The ``[kafka]`` TLS/SASL settings reach the worker's consumer, checkpoint producer and
     state reader, and serve's state reader (clients recorded instead of connecting)."""
     import kafka
 
     from aggregator.worker import client_config, worker_from_config
 
-    cfg = _secure_variants()[variant]
+    cfg = _secure_variants(tmp_path)[variant]
     want = {k: v for k, v in cfg.kafka.consumer_config().items() if k in _SECURITY_KEYS}
     assert want["security_protocol"] == cfg.kafka.security_protocol
     made: list[tuple[str, dict]] = []

@@ -327,3 +327,13 @@ def test_a_loss_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
 def test_a_factory_that_exits_is_a_config_error_not_a_silent_exit():
     with pytest.raises(ConfigError, match=r"^loss: calling 'sys:exit' failed: SystemExit$"):
         load_custom_loss("sys:exit")
+
+
+def test_a_mistyped_secret_is_not_echoed():
+    from aggregator.config import check_kafka_types
+
+    with pytest.raises(ConfigError) as exc:
+        check_kafka_types({"sasl_plain_password": 9876543})
+    assert str(exc.value) == ("kafka.sasl_plain_password: must be a string (the value is not shown: a "
+                              "secret), got a int")
+    assert "9876543" not in str(exc.value)

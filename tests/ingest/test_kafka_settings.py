@@ -22,7 +22,18 @@ def test_plaintext_defaults():
     assert "group_id" not in c and "acks" not in c
 
 
-def test_sasl_ssl_pass_through_and_secret_hidden():
+@pytest.fixture
+def pem(tmp_path):
+    """Readable stand-ins for the TLS files (their existence is checked when a client is built)."""
+    def make(name: str) -> str:
+        path = tmp_path / name
+        path.write_text("-----BEGIN CERTIFICATE-----\n")
+        return str(path)
+    return make
+
+
+def test_sasl_ssl_pass_through_and_secret_hidden(pem):
+    ca, cert, key = pem("ca.pem"), pem("client.pem"), pem("client.key")
     s = KafkaSettings(
         bootstrap_servers=["broker.example:9093"],
         client_id="dev-42",
@@ -30,9 +41,9 @@ def test_sasl_ssl_pass_through_and_secret_hidden():
         sasl_mechanism="SCRAM-SHA-512",
         sasl_plain_username="alice",
         sasl_plain_password="s3cr3t-pw",
-        ssl_cafile="/etc/ca.pem",
-        ssl_certfile="/etc/client.pem",
-        ssl_keyfile="/etc/client.key",
+        ssl_cafile=ca,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
         ssl_password="keypw",
         ssl_check_hostname=False,
     )
@@ -41,9 +52,9 @@ def test_sasl_ssl_pass_through_and_secret_hidden():
         assert cfg["sasl_mechanism"] == "SCRAM-SHA-512"
         assert cfg["sasl_plain_username"] == "alice"
         assert cfg["sasl_plain_password"] == "s3cr3t-pw"
-        assert cfg["ssl_cafile"] == "/etc/ca.pem"
-        assert cfg["ssl_certfile"] == "/etc/client.pem"
-        assert cfg["ssl_keyfile"] == "/etc/client.key"
+        assert cfg["ssl_cafile"] == ca
+        assert cfg["ssl_certfile"] == cert
+        assert cfg["ssl_keyfile"] == key
         assert cfg["ssl_password"] == "keypw"
         assert cfg["ssl_check_hostname"] is False
         assert cfg["client_id"] == "dev-42"
@@ -51,21 +62,35 @@ def test_sasl_ssl_pass_through_and_secret_hidden():
     assert "keypw" not in repr(s)
 
 
-def test_ssl_only():
-    s = KafkaSettings(bootstrap_servers="h:9093", security_protocol="SSL", ssl_cafile="/ca.pem")
+def test_ssl_only(pem):
+    ca = pem("ca.pem")
+    s = KafkaSettings(bootstrap_servers="h:9093", security_protocol="SSL", ssl_cafile=ca)
     cfg = s.producer_config()
-    assert cfg["security_protocol"] == "SSL" and cfg["ssl_cafile"] == "/ca.pem"
+    assert cfg["security_protocol"] == "SSL" and cfg["ssl_cafile"] == ca
     assert "sasl_mechanism" not in cfg
 
 
-def test_configs_are_accepted_by_kafka_python():
+def test_an_unreadable_tls_file_is_named_when_a_client_is_built(tmp_path):
+    """A missing CA file made kafka-python retry ~30 s logging 'No such file or directory' without
+    the name; the settings load (the file may exist only where the worker runs)."""
+    from ingest.errors import ConfigError
+
+    missing = str(tmp_path / "nope" / "ca.pem")
+    s = KafkaSettings(bootstrap_servers="h:9093", security_protocol="SSL", ssl_cafile=missing)
+    for build in (s.producer_config, s.admin_config, lambda: s.consumer_config("g")):
+        with pytest.raises(ConfigError) as exc:
+            build()
+        assert str(exc.value) == f"kafka.ssl_cafile: cannot read {missing!r}: No such file or directory"
+
+
+def test_configs_are_accepted_by_kafka_python(pem):
     """Every key we emit is a real kafka-python option (no broker contacted)."""
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
     s = KafkaSettings(
         bootstrap_servers="h:9093", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
-        sasl_plain_username="u", sasl_plain_password="p", ssl_cafile="/ca.pem",
-        ssl_certfile="/c.pem", ssl_keyfile="/k.pem", ssl_password="x",
+        sasl_plain_username="u", sasl_plain_password="p", ssl_cafile=pem("ca.pem"),
+        ssl_certfile=pem("c.pem"), ssl_keyfile=pem("k.pem"), ssl_password="x",
     )
     pairs = ((s.producer_config(), KafkaProducer), (s.consumer_config("g", fast_group=True), KafkaConsumer),
              (s.admin_config(), KafkaAdminClient))
@@ -87,6 +112,11 @@ def test_overrides_and_extra():
     assert s.producer_config(linger_ms=7, acks=1) | {} == s.producer_config(linger_ms=7, acks=1)
     assert s.producer_config(acks=1)["acks"] == 1
     assert s.admin_config()["api_version"] == (3, 0)
+    # from TOML the version is an array; kafka-python refuses anything but a tuple
+    t = KafkaSettings(bootstrap_servers="h:1", extra={"api_version": [2, 5, 0], "client_rack": "r1"})
+    for cfg in (t.admin_config(), t.producer_config(), t.consumer_config()):
+        assert cfg["api_version"] == (2, 5, 0) and type(cfg["api_version"]) is tuple
+        assert cfg["client_rack"] == "r1"
 
 
 def test_frozen():
@@ -107,7 +137,7 @@ def test_frozen():
           "sasl_plain_password": "p"}, "needs security_protocol"),
         ({"bootstrap_servers": "h:1", "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN"},
          "sasl_plain_username and sasl_plain_password are required"),
-        ({"bootstrap_servers": "h:1", "ssl_cafile": "/ca"}, "ssl_cafile need security_protocol SSL"),
+        ({"bootstrap_servers": "h:1", "ssl_cafile": "/ca"}, "ssl_cafile needs security_protocol SSL"),
         ({"bootstrap_servers": "h:1", "security_protocol": "SSL", "ssl_certfile": "/c"}, "given together"),
         ({"bootstrap_servers": "h:1", "request_timeout_ms": 10}, "request_timeout_ms"),
         ({"bootstrap_servers": "h:1", "bogus": 1}, "bogus"),
