@@ -481,9 +481,21 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     wanted = _TYPE_ERRORS.get(err.get("type", ""))
     if wanted is not None:
         msg = f"must be {wanted}, got {_shown(err.get('input'))}"
+    bound = _BOUND_ERRORS.get(err.get("type", ""))
+    if bound is not None:  # "Input should be greater than or equal to 0" → "must be >= 0, got -1"
+        op, ctx_key = bound
+        limit = (err.get("ctx") or {}).get(ctx_key)
+        if limit is not None:
+            msg = f"must be {op} {limit}, got {_shown(err.get('input'))}"
     extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{key}: {msg}{extra}"
 
+
+#: pydantic error types of a value out of a numeric bound → (operator, key of the bound in ``ctx``).
+_BOUND_ERRORS = {
+    "greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"),
+    "less_than": ("<", "lt"), "less_than_equal": ("<=", "le"),
+}
 
 #: pydantic error types of a value of the wrong type → what the key takes.
 _TYPE_ERRORS = {

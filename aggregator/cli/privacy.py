@@ -46,8 +46,12 @@ def _png_path(text: str) -> str:
 
 
 def _epsilon_list(text: str) -> tuple[float, ...]:
+    items = text.split(",")
+    if text.strip() and any(not v.strip() for v in items):  # "1,,2": a missing value, not skipped
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0 without empty items, "
+                                         f"got {text!r}")
     try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
+        values = tuple(float(v) + 0.0 for v in items if v.strip())  # + 0.0: -0 is 0
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0, got {text!r}") from None
     if not values or any(not (math.isfinite(v) and v >= 0) for v in values):
@@ -55,6 +59,13 @@ def _epsilon_list(text: str) -> tuple[float, ...]:
     if len(values) > MAX_EPSILONS:
         raise argparse.ArgumentTypeError(f"at most {MAX_EPSILONS} values, got {len(values)}")
     return values
+
+
+def _given(x: float) -> str:
+    """A parameter as the user gave it: the shortest text that reads back as the same float
+    (``:.12g`` printed δ = 0.9999999999999999 as 1), ``-0.0`` as ``0``, integers without ``.0``."""
+    x = float(x) + 0.0  # -0.0 + 0.0 is +0.0
+    return f"{x:.0f}" if x.is_integer() and abs(x) < 1e16 else repr(x)
 
 
 def _check_range(flag: str, value: int | None, bounds: tuple[int, int]) -> None:
@@ -201,10 +212,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"c = {c:.6g}")
     print(f"scale = {scale:.6g}")
     print(
-        # the user's parameters as given (:g would print δ = 0.99999999 as 1)
-        f"ZIL(zero_prob={args.zero_prob:.12g}, scale={scale:.6g}) over diameter {args.diameter:.12g} is "
-        f"({args.epsilon:.12g}, {args.delta:.12g})-DP ({how}); {100 * args.zero_prob:.12g}% of reports are "
-        "released exactly, without noise."
+        # the user's parameters as given (_given)
+        f"ZIL(zero_prob={_given(args.zero_prob)}, scale={scale:.6g}) over diameter "
+        f"{_given(args.diameter)} is ({_given(args.epsilon)}, {_given(args.delta)})-DP ({how}); "
+        f"{100 * args.zero_prob:.12g}% of reports are released exactly, without noise."
     )
     return 0
 

@@ -28,6 +28,19 @@ def test_calibrate_text_shows_delta_as_given(capsys):
     assert main(["privacy", "calibrate", "--epsilon", "0.8", "--delta", "0.99999999", "--zero-prob",
                  "0.05", "--diameter", "1"]) == 0
     assert "is (0.8, 0.99999999)-DP" in capsys.readouterr().out
+    # :.12g still printed 0.9999999999999999 as 1, and epsilon -0.0 as -0
+    assert main(["privacy", "calibrate", "--epsilon=-0.0", "--delta", "0.9999999999999999",
+                 "--zero-prob", "0.05", "--diameter", "1"]) == 0
+    assert "is (0, 0.9999999999999999)-DP" in capsys.readouterr().out
+
+
+def test_an_empty_item_in_epsilons_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:  # argparse's own error exit
+        main(["privacy", "guarantee", "--zero-prob", "0.2", "--scale", "1", "--dim", "2",
+              "--epsilons", "1,,2"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "argument --epsilons: expected comma-separated numbers >= 0 without empty items, got '1,,2'")
 
 
 def test_calibrate_json(capsys):

@@ -337,3 +337,14 @@ def test_a_mistyped_secret_is_not_echoed():
     assert str(exc.value) == ("kafka.sasl_plain_password: must be a string (the value is not shown: a "
                               "secret), got a int")
     assert "9876543" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("[worker]\nmetrics_port = -1\n", "worker.metrics_port: must be >= 0, got -1"),
+    ("[worker]\ncheckpoint_reports = 0\n", "worker.checkpoint_reports: must be >= 1, got 0"),
+    ("[serve]\nport = 70000\n", "serve.port: must be <= 65535, got 70000"),
+    (MEDIAN + "sgd = { burn_in = -1 }\n", "queries.qr.sgd.burn_in: must be >= 0, got -1"),
+])
+def test_a_value_out_of_its_bound_names_the_bound_and_the_value(tmp_path, body, message):
+    """Not pydantic's 'Input should be greater than or equal to 0' without the value."""
+    assert refused(tmp_path, body) == message
