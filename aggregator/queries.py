@@ -61,6 +61,9 @@ __all__ = [
 ]
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+#: ``_NAME_RE`` in words, for the messages of query and parameter names.
+_NAME_RULE = ("start with a letter or '_' and contain only letters, digits, '_', '.', '-' "
+              "(at most 128 characters)")
 
 
 def finite_float(low: float, high: float, *, low_open: bool = True, high_open: bool = False) -> Any:
@@ -159,10 +162,7 @@ class _QueryBase(_Frozen):
     @classmethod
     def _check_name(cls, v: str) -> str:
         if not _NAME_RE.match(v):
-            raise ValueError(
-                "name must start with a letter or '_' and contain only letters, digits, '_', '.', '-' "
-                f"(at most 128 characters), got {v!r}"
-            )
+            raise ValueError(f"name must {_NAME_RULE}, got {v!r}")
         return v
 
     @field_validator("level")
@@ -393,8 +393,7 @@ class CustomQuery(_QueryBase):
             return v
         bad = [p for p in v if not _NAME_RE.match(p)]
         if bad:
-            raise ValueError(f"names must start with a letter or '_' and contain only letters, digits, "
-                             f"'_', '.', '-' (at most 128 characters), got {bad[0]!r}")
+            raise ValueError(f"names must {_NAME_RULE}, got {bad[0]!r}")
         if len(set(v)) != len(v):
             raise ValueError(f"must be distinct names, got {list(v)}")
         return v
