@@ -1,6 +1,6 @@
 """Consumer side of ldp-stream: per-partition state, online estimators, exactly-once workers,
 checkpoints, merge/serve, metrics and the CLI (DESIGN §5). Imports ``mechanisms`` and ``ingest``."""
 
-from aggregator.errors import AggregatorError, ConfigError, StateError
+from aggregator.errors import AggregatorError, ConfigError, LdpStreamError, StateError
 
-__all__ = ["AggregatorError", "ConfigError", "StateError"]
+__all__ = ["AggregatorError", "ConfigError", "LdpStreamError", "StateError"]

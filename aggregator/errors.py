@@ -1,12 +1,12 @@
-"""Exception root of the ``aggregator`` package."""
+"""Errors of the ``aggregator`` package; its root :class:`AggregatorError` derives from the
+project's root :class:`mechanisms.errors.LdpStreamError`."""
+
+from mechanisms.errors import ConfigError as ConfigError  # the one ConfigError, re-exported
+from mechanisms.errors import LdpStreamError as LdpStreamError
 
 
-class AggregatorError(Exception):
+class AggregatorError(LdpStreamError):
     """Root of every error raised by ``aggregator``."""
-
-
-class ConfigError(AggregatorError, ValueError):
-    """A pipeline configuration or query is invalid; the message names the offending key."""
 
 
 class StateError(AggregatorError, ValueError):

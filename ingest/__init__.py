@@ -2,6 +2,15 @@
 Kafka producer, data sources and the embedded Tansu broker (DESIGN §4, §6, §7).
 Imports ``mechanisms``; never ``aggregator``."""
 
-from ingest.errors import BrokerError, DecodeError, IngestError, ProducerError, SchemaError
+from ingest.errors import (
+    BrokerError,
+    ConfigError,
+    DecodeError,
+    IngestError,
+    LdpStreamError,
+    ProducerError,
+    SchemaError,
+)
 
-__all__ = ["BrokerError", "DecodeError", "IngestError", "ProducerError", "SchemaError"]
+__all__ = ["BrokerError", "ConfigError", "DecodeError", "IngestError", "LdpStreamError", "ProducerError",
+           "SchemaError"]

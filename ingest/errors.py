@@ -1,7 +1,11 @@
-"""Exception root of the ``ingest`` package."""
+"""Errors of the ``ingest`` package; its root :class:`IngestError` derives from the project's root
+:class:`mechanisms.errors.LdpStreamError`."""
+
+from mechanisms.errors import ConfigError as ConfigError  # the one ConfigError, re-exported
+from mechanisms.errors import LdpStreamError as LdpStreamError
 
 
-class IngestError(Exception):
+class IngestError(LdpStreamError):
     """Root of every error raised by ``ingest``."""
 
 
@@ -28,7 +32,3 @@ class ProducerError(IngestError):
 
 class BrokerError(IngestError):
     """The embedded broker could not be started or did not answer."""
-
-
-class ConfigError(IngestError, ValueError):
-    """A client, producer or broker parameter is out of range; the message names the argument."""

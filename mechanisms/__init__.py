@@ -2,6 +2,6 @@
 M-estimators and privacy accounting (DESIGN §2–3). No I/O; imports neither ``ingest`` nor
 ``aggregator``."""
 
-from mechanisms.errors import ConvergenceWarning, MechanismError, ParameterError
+from mechanisms.errors import ConfigError, ConvergenceWarning, LdpStreamError, MechanismError, ParameterError
 
-__all__ = ["ConvergenceWarning", "MechanismError", "ParameterError"]
+__all__ = ["ConfigError", "ConvergenceWarning", "LdpStreamError", "MechanismError", "ParameterError"]

@@ -2,9 +2,10 @@
 
 Each subcommand lives in its own module of this package and exposes
 ``register(subparsers) -> None``; the parser it adds sets ``func`` (called with the parsed
-namespace, returns an exit status). Errors that a user can fix — our packages' ``ValueError``
-subclasses, ``CLIError``, an ``OSError`` about a path given on the command line (missing file,
-directory, permission) — are printed as one line with exit status 2; Ctrl-C exits 130.
+namespace, returns an exit status). Errors that a user can fix — the project's errors
+(``mechanisms.errors.LdpStreamError``: ``ConfigError``, ``CLIError``, …), any other ``ValueError``,
+an ``OSError`` about a path given on the command line (missing file, directory, permission) — are
+printed as one line with exit status 2; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ import logging
 import re
 import sys
 
-from aggregator.errors import AggregatorError
 from ingest.broker import exit_with_parent
-from ingest.errors import IngestError
-from mechanisms.errors import MechanismError
+from mechanisms.errors import LdpStreamError
 
 # module name under aggregator.cli, in --help order
 SUBCOMMANDS = ("demo", "privacy", "broker", "produce", "work", "serve", "analyze")
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ldp-stream: interrupted", file=sys.stderr)
         return 130
-    except (MechanismError, IngestError, AggregatorError, ValueError) as exc:
+    except (LdpStreamError, ValueError) as exc:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
