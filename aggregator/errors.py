@@ -13,5 +13,9 @@ class StateError(AggregatorError, ValueError):
     """A serialized state could not be restored or two states cannot be merged."""
 
 
+class EmptyStateError(StateError):
+    """``estimate()`` was called on a state that has not seen enough reports."""
+
+
 class CLIError(AggregatorError):
     """A command-line usage error; printed as one line, exit status 2."""

@@ -16,7 +16,8 @@ little-endian. Layout::
                                              bit j%8 (LSB first); padding bits 0
 
 The decoder validates everything and raises a :class:`DecodeError` subclass whose ``reason``
-class attribute is a stable metric label (see :data:`DECODE_REASONS`).
+class attribute is a stable metric label (see :data:`DECODE_REASONS`); the subclasses are defined
+in :mod:`ingest.errors` and importable from here.
 """
 
 from __future__ import annotations
@@ -29,7 +30,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from ingest.batch import ReportBatch, concat_batches
-from ingest.errors import DecodeError, SchemaError
+from ingest.errors import (
+    BadLengthError,
+    BadMagicError,
+    DecodeError,
+    InternalDecodeError,
+    MalformedError,
+    NonFiniteError,
+    OutOfRangeError,
+    SchemaError,
+    SchemaMismatchError,
+    TooLargeError,
+    TrailingBytesError,
+    TruncatedError,
+    UnknownFingerprintError,
+    UnsupportedVersionError,
+)
 from ingest.schema import TelemetrySchema
 from mechanisms.uldp.sparse import SparseBits
 
@@ -70,80 +86,6 @@ _HEADER = struct.Struct("<4sBBH16sIHH")
 _BLOCK = struct.Struct("<BBBBII")
 _UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _F8 = np.dtype("<f8")
-
-
-# ---------------------------------------------------------------------- errors
-class TruncatedError(DecodeError):
-    """The record ends before a declared block does."""
-
-    reason = "truncated"
-
-
-class BadMagicError(DecodeError):
-    """The record does not start with ``MAGIC``."""
-
-    reason = "bad_magic"
-
-
-class UnsupportedVersionError(DecodeError):
-    """The format version is not one this decoder reads."""
-
-    reason = "unsupported_version"
-
-
-class UnknownFingerprintError(DecodeError):
-    """The schema fingerprint is not among the known schemas."""
-
-    reason = "unknown_fingerprint"
-
-
-class SchemaMismatchError(DecodeError):
-    """The record's shape (d, number/kind of blocks, k) disagrees with its schema."""
-
-    reason = "schema_mismatch"
-
-
-class BadLengthError(DecodeError):
-    """A block's declared length is inconsistent with its content."""
-
-    reason = "bad_length"
-
-
-class NonFiniteError(DecodeError):
-    """A numeric value is NaN or infinite."""
-
-    reason = "non_finite"
-
-
-class OutOfRangeError(DecodeError):
-    """A category code or bit position is ≥ k (or a bitmap padding bit is set)."""
-
-    reason = "out_of_range"
-
-
-class TooLargeError(DecodeError):
-    """The record exceeds ``max_bytes`` or declares more than ``max_reports`` reports."""
-
-    reason = "too_large"
-
-
-class TrailingBytesError(DecodeError):
-    """Bytes remain after the last declared block."""
-
-    reason = "trailing_bytes"
-
-
-class MalformedError(DecodeError):
-    """Any other structural error (reserved bits set, unknown block kind or width, unsorted
-    positions, not bytes)."""
-
-    reason = "malformed"
-
-
-class InternalDecodeError(DecodeError):
-    """An unexpected exception inside the decoder (a bug); the record is treated as undecodable."""
-
-    reason = "internal_error"
 
 
 #: Every ``reason`` label a decode failure can carry.

@@ -14,12 +14,85 @@ class SchemaError(IngestError, ValueError):
 
 
 class DecodeError(IngestError, ValueError):
-    """A wire record could not be decoded; subclasses say why (see ``ingest.codec``).
+    """A wire record could not be decoded; the subclasses below say why (``ingest.codec``).
 
     ``reason`` is a short machine-readable label used for dead-letter metrics.
     """
 
     reason = "malformed"
+
+
+class TruncatedError(DecodeError):
+    """The record ends before a declared block does."""
+
+    reason = "truncated"
+
+
+class BadMagicError(DecodeError):
+    """The record does not start with ``MAGIC``."""
+
+    reason = "bad_magic"
+
+
+class UnsupportedVersionError(DecodeError):
+    """The format version is not one this decoder reads."""
+
+    reason = "unsupported_version"
+
+
+class UnknownFingerprintError(DecodeError):
+    """The schema fingerprint is not among the known schemas."""
+
+    reason = "unknown_fingerprint"
+
+
+class SchemaMismatchError(DecodeError):
+    """The record's shape (d, number/kind of blocks, k) disagrees with its schema."""
+
+    reason = "schema_mismatch"
+
+
+class BadLengthError(DecodeError):
+    """A block's declared length is inconsistent with its content."""
+
+    reason = "bad_length"
+
+
+class NonFiniteError(DecodeError):
+    """A numeric value is NaN or infinite."""
+
+    reason = "non_finite"
+
+
+class OutOfRangeError(DecodeError):
+    """A category code or bit position is ≥ k (or a bitmap padding bit is set)."""
+
+    reason = "out_of_range"
+
+
+class TooLargeError(DecodeError):
+    """The record exceeds ``max_bytes`` or declares more than ``max_reports`` reports."""
+
+    reason = "too_large"
+
+
+class TrailingBytesError(DecodeError):
+    """Bytes remain after the last declared block."""
+
+    reason = "trailing_bytes"
+
+
+class MalformedError(DecodeError):
+    """Any other structural error (reserved bits set, unknown block kind or width, unsorted
+    positions, not bytes)."""
+
+    reason = "malformed"
+
+
+class InternalDecodeError(DecodeError):
+    """An unexpected exception inside the decoder (a bug); the record is treated as undecodable."""
+
+    reason = "internal_error"
 
 
 class ProducerError(IngestError):
@@ -32,3 +105,7 @@ class ProducerError(IngestError):
 
 class BrokerError(IngestError):
     """The embedded broker could not be started or did not answer."""
+
+
+class SourceError(IngestError, ValueError):
+    """A source spec, file or line could not be read; the message names the file/line."""

@@ -27,7 +27,7 @@ import numpy as np
 import xxhash
 from scipy import stats
 
-from aggregator.errors import StateError
+from aggregator.errors import EmptyStateError, StateError
 from aggregator.queries import Query, parse_query
 
 __all__ = [
@@ -47,10 +47,6 @@ log = logging.getLogger(__name__)
 
 FORMAT_MAGIC = b"LDPS1\n"
 """Leading bytes of every serialized state (format version 1)."""
-
-
-class EmptyStateError(StateError):
-    """``estimate()`` was called on a state that has not seen enough reports."""
 
 
 def doubling_seed(record_bytes) -> int:
