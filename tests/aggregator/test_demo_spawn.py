@@ -1,5 +1,5 @@
 """How the demo starts its processes: no fork that can hang a matrix product on another thread,
-and children that stop when the demo dies (``aggregator.demo._spawn``,
+and children that stop when the demo dies (``aggregator.demo.run._spawn``,
 ``ingest.broker.exit_with_parent``)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_spawning_children_does_not_hang_a_matrix_product_on_another_thread(tmp_
         import threading
         import numpy as np
         from pathlib import Path
-        from aggregator import demo
+        from aggregator.demo import run as demo
 
         rng = np.random.default_rng(1)
         z = rng.standard_normal((327_346, 2))
@@ -136,7 +136,7 @@ def test_truth_not_ready_in_time_gives_an_empty_truth_not_one_still_being_filled
 
     from rich.console import Console
 
-    from aggregator import demo
+    from aggregator.demo import run as demo
 
     release = threading.Event()
     truth: dict = {}

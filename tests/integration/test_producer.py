@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from aggregator.demo.flights import open_source
 from ingest.broker import EmbeddedBroker, free_port
 from ingest.codec import decode
 from ingest.errors import ProducerError
 from ingest.kafka import KafkaSettings, ensure_topic, high_watermarks
 from ingest.producer import ReportProducer, concat_batches
 from ingest.schema import TelemetrySchema
-from ingest.sources import open_source
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

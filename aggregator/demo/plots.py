@@ -1,4 +1,5 @@
-"""PNG plots of the demo report (matplotlib, Agg backend)."""
+"""PNG plots of the demo report (matplotlib, Agg backend), written by
+:func:`aggregator.demo.report.write_outputs`."""
 
 from __future__ import annotations
 

@@ -20,6 +20,19 @@ from aggregator.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+__all__ = ["compute_truth", "true_values"]
+
+
+def compute_truth(config, schema, raw: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """The non-private value of every query parameter, from the clipped raw data.
+
+    Returns
+    -------
+    dict query name → {param name → value}
+        Parameter names match the :class:`aggregator.state.Estimate` params of the same query.
+    """
+    return {q.name: true_values(q, schema, raw) for q in config.queries}
+
 
 def true_values(query, schema, raw: dict[str, np.ndarray]) -> dict[str, float]:
     """Non-private value of every parameter of ``query``.

