@@ -1,7 +1,7 @@
 """Critical values of a combination of K independent random-scaling t-ratios.
 
 Run ``python -m benchmarks.rs_critical`` (≈ 35 s): prints the table that
-``aggregator.state.sgd.RS_COMBINED_RATIO`` stores (2026-12-01, seed 20261201).
+``aggregator.state.random_scaling.RS_COMBINED_RATIO`` stores (2026-12-01, seed 20261201).
 
 A partition's averaged SGD gives, asymptotically, ``sqrt(s)(θ̄ − θ) = σ W(1)`` and the random-scaling
 variance ``V̂ = σ² D`` with ``D = ∫₀¹ (W(r) − r W(1))² dr`` (Lee, Liao, Seo & Shin 2022). K partitions

@@ -7,24 +7,21 @@
 * :class:`SGDState` — averaged SGD with random-scaling CIs (``logistic_regression``,
   ``quantile_regression``, ``custom``).
 
-Use :func:`build_state` (query, schema) → state; :func:`doubling_draws` gives the consumer-side
-doubling draws of records, seeded by their bytes (:func:`doubling_seed`). See
-:mod:`aggregator.state.base` for the common API.
+Use :func:`build_state` (query, schema) → state. :mod:`aggregator.state.doubling` holds the
+consumer-side doubling (:class:`Doubler`, :func:`doubling_draws`, seeded by the record bytes:
+:func:`doubling_seed`); :mod:`aggregator.state.serialize` the serialized form
+(:func:`state_from_bytes`); :mod:`aggregator.state.base` the common API.
 """
 
-from aggregator.state.base import (
-    EmptyStateError,
-    Estimate,
-    State,
-    double_records,
-    doubling_draws,
-    doubling_seed,
-)
+from aggregator.errors import EmptyStateError
+from aggregator.state.base import Estimate, State
 from aggregator.state.counts import CountsState
+from aggregator.state.doubling import Doubler, double_records, doubling_draws, doubling_seed
 from aggregator.state.gram import GramState
 from aggregator.state.histogram import HistogramState
 from aggregator.state.moments import MomentsState
 from aggregator.state.registry import STATE_CLASSES, build_state, register_state
+from aggregator.state.serialize import state_from_bytes, state_to_bytes
 from aggregator.state.sgd import SGDState
 
 for _cls in (CountsState, MomentsState, HistogramState, GramState, SGDState):
@@ -33,6 +30,7 @@ for _cls in (CountsState, MomentsState, HistogramState, GramState, SGDState):
 __all__ = [
     "STATE_CLASSES",
     "CountsState",
+    "Doubler",
     "EmptyStateError",
     "Estimate",
     "GramState",
@@ -45,4 +43,6 @@ __all__ = [
     "doubling_draws",
     "doubling_seed",
     "register_state",
+    "state_from_bytes",
+    "state_to_bytes",
 ]

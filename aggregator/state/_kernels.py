@@ -16,8 +16,8 @@ compute the same quantities in one pass each without the GIL:
   counts, the ≤ 1 non-sensitive-bit check, and the per-bit counts of protected reports.
 * :func:`sl_draws` — the consumer's doubling draws ``sqrt(W)·G`` (standard ``SL_d(I)``) of many
   records at once from per-record SplitMix64 streams through ziggurat samplers (see
-  ``aggregator.state.base.doubling_draws``); :func:`sl_double` scales them and adds ``X̃₁`` in
-  the same pass (``aggregator.state.base.double_records``).
+  ``aggregator.state.doubling.doubling_draws``); :func:`sl_double` scales them and adds ``X̃₁`` in
+  the same pass (``aggregator.state.doubling.double_records``).
 
 Each is checked against an independent NumPy computation in ``tests/aggregator/test_kernels.py``.
 Source: DESIGN §5 (state families), §3 (uRAP counts).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aggregator.errors import ConfigError
 from aggregator.queries import parse_query
 
-__all__ = ["STATE_CLASSES", "build_state", "register_state"]
+__all__ = ["STATE_CLASSES", "build_state", "construct", "register_state"]
 
 STATE_CLASSES: dict[str, type] = {}
 """Query kind → state class (e.g. ``"mean" → MomentsState``)."""
@@ -18,13 +18,17 @@ def register_state(cls: type) -> type:
     return cls
 
 
-def build_state(query, schema):
+def build_state(query, schema, *, loss=None):
     """A fresh (empty) state for ``query`` over ``schema``.
 
     Parameters
     ----------
     query : Query or mapping
     schema : ingest.schema.TelemetrySchema
+    loss : loss object, optional
+        A ``custom`` query's loss, already resolved from its ``loss`` spec (the pipeline config
+        resolves it once, when it is loaded); the state then imports no user code. None: the
+        state imports the spec itself (:func:`aggregator.custom_loss.load_custom_loss`).
 
     Returns
     -------
@@ -33,7 +37,8 @@ def build_state(query, schema):
     Raises
     ------
     ConfigError
-        If the query is invalid, its kind has no state class, or it does not fit the schema.
+        If the query is invalid, its kind has no state class, it does not fit the schema, or
+        ``loss`` is given for a query that is not ``custom``.
     """
     q = parse_query(query)
     try:
@@ -41,4 +46,20 @@ def build_state(query, schema):
     except KeyError:
         raise ConfigError(f"queries.{q.name}.kind: no state class for kind {q.kind!r} "
                           f"(have {sorted(STATE_CLASSES)})") from None
-    return cls(q, schema)
+    return construct(cls, q, schema, loss)
+
+
+def construct(cls: type, query, schema, loss=None):
+    """``cls(query, schema)``, with ``loss=loss`` for a custom query's resolved loss.
+
+    Raises
+    ------
+    ConfigError
+        If ``loss`` is given for a query that is not ``custom``, or the query does not fit.
+    """
+    if loss is None:
+        return cls(query, schema)
+    if query.kind != "custom":
+        raise ConfigError(f"queries.{query.name}: a loss object is only for custom queries, "
+                          f"not {query.kind!r}")
+    return cls(query, schema, loss=loss)

@@ -1,77 +1,63 @@
 """Online averaged SGD on a corrected gradient, with one-step (plug-in) or random-scaling CIs.
 
-Serves ``logistic_regression``, ``quantile_regression`` and ``custom`` queries (DESIGN §5).
+Serves ``logistic_regression``, ``quantile_regression`` and ``custom`` queries (DESIGN §5). The
+state is mergeable and serializable like every state (:mod:`aggregator.state.base`); its
+measured accuracy and speed are in docs/benchmarks.md.
+
+Iterates (Polyak–Ruppert averaged SGD): reports are grouped into mini-batches of
+``sgd.batch_size`` (a remainder is buffered until the next update); step ``t`` moves
+``θ ← θ − γ_t ĝ_t`` with ``γ_t = γ₀ t^(−a)`` and ``ĝ_t`` the mean DR/SDR corrected gradient of the
+mini-batch (``mechanisms.corrected``); the average ``θ̄_s`` of the iterates after ``burn_in``
+steps is the random-scaling estimate. For logistic and quantile regression with the DR gradient
+the mini-batch loop runs compiled (:mod:`aggregator.state._sgd_kernel`), with the same steps,
+anchors and sums as the Python loop that the other estimators and custom losses use.
 
 One-step estimate (``sgd.ci = "plugin"``; the default for losses with a continuous θ-gradient):
 after ``burn_in`` steps, every mini-batch adds exact sums at an anchor ``a_t`` — the running
-Polyak average ``θ̄_{t−1}`` (the iterate for the first accumulated batch) — of the corrected
-gradient ``G = Σ g_i(a_t)`` (q), the corrected θ-Hessian ``H = Σ H_i(a_t)`` (q×q),
-``Hθ = Σ H_i(a_t) a_t`` (q), ``S = Σ g_i g_iᵀ`` (q×q) and the count ``m``. ``H_i`` is the DR
-combination ``[H(x₁) − (1−δ)H(x₂)]/δ`` (unbiased for ``E ∇²θ ℓ(X, θ)`` for every method, DESIGN
-§2) of the analytic Hessian (``Loss.mean_hessian_theta``), of a central difference of the
-corrected gradient (smooth custom losses without one), or of a Gaussian-kernel smoothed Hessian
-(kinked losses) kept for a ladder of bandwidths ``2^(−k/2)`` and chosen at estimate time
-(:meth:`SGDState.bandwidth`). The estimate solves the linearized estimating equation
-``G + Hθ − Hθ_sum = 0``: ``θ̂ = H⁻¹(Hθ − G)`` with the plug-in sandwich
-``Cov = H⁻¹ (S − G Gᵀ/m) H⁻ᵀ`` (DESIGN §2's ``V⁻¹AV⁻¹/n``), Wald intervals ``θ̂ ± z·SE``. All
-sums merge **exactly** by addition, so merged partitions give the pooled one-step estimate.
-Anchoring at the average rather than the iterate shrinks the second-order remainder (measured
-bias of the thresholded-logistic intercept at n = 2·10⁴: 0.43 → 0.33 SE; a truth-anchored run:
-0.07 SE, the batch DR fit: 0.10 SE). Kinked losses default to random scaling: on the flights
-demo their linearization (anchor not within the sharp residual scale of θ̂) was off by 3–5 SE.
+average ``θ̄_{t−1}`` (the iterate for the first accumulated batch) — of the corrected gradient
+``G = Σ g_i(a_t)`` (q), the corrected θ-Hessian ``H = Σ H_i(a_t)`` (q×q), ``Hθ = Σ H_i(a_t) a_t``
+(q), ``S = Σ g_i g_iᵀ`` (q×q) and the count ``m``. ``H_i`` is the DR combination
+``[H(x₁) − (1−δ)H(x₂)]/δ`` (unbiased for ``E ∇²θ ℓ(X, θ)``, DESIGN §2) of the analytic Hessian
+(``Loss.mean_hessian_theta``), of a central difference of the corrected gradient (smooth custom
+losses without one), or of a Gaussian-kernel smoothed Hessian (kinked losses) kept for a ladder
+of bandwidths ``2^(−k/2)`` and chosen at estimate time (:meth:`SGDState.bandwidth`). The estimate
+solves the linearized estimating equation ``G + Hθ − Hθ_sum = 0``: ``θ̂ = H⁻¹(Hθ − G)`` with the
+plug-in sandwich ``Cov = H⁻¹ (S − G Gᵀ/m) H⁻ᵀ`` (``V⁻¹AV⁻¹/n``), Wald intervals ``θ̂ ± z·SE``.
+All sums merge exactly by addition, so merged partitions give the pooled one-step estimate.
+Kinked losses default to random scaling, whose validity does not rest on the linearization.
 
-Algorithm (Polyak–Ruppert averaged SGD; Lee, Liao, Seo & Shin 2022, "Fast and robust online
-inference with stochastic gradient descent via random scaling", AAAI):
+Random scaling (Lee, Liao, Seo & Shin 2022, "Fast and robust online inference with stochastic
+gradient descent via random scaling", AAAI): ``V̂ = s⁻² Σ_{r≤s} r² (θ̄_r − θ̄_s)(θ̄_r − θ̄_s)ᵀ``
+from the O(q²) running sums ``Σ r² θ̄_r θ̄_rᵀ``, ``Σ r² θ̄_r`` and ``Σ r²``; the interval is
+``θ̄_j ± c_level·sqrt(V̂_jj/s)`` with ``c_0.95 = 6.747`` (the 97.5 % point of
+``|W(1)| / sqrt(∫(W(r) − rW(1))² dr)``; other levels in :data:`RS_CRITICAL`). ``stderr`` is the
+half-width / z_{(1+level)/2}, so that ``value ± z·stderr`` is the same interval.
 
-* reports are grouped into mini-batches of ``sgd.batch_size`` (a remainder is buffered in the
-  state until the next update); step ``t`` moves ``θ ← θ − γ_t ĝ_t`` with ``γ_t = γ₀ t^(−a)`` and
-  ``ĝ_t`` the mean DR/SDR corrected gradient of the mini-batch (``mechanisms.corrected``);
-* the estimate is the running average ``θ̄_s`` of the iterates after ``burn_in`` steps;
-* random scaling: ``V̂ = s⁻² Σ_{r≤s} r² (θ̄_r − θ̄_s)(θ̄_r − θ̄_s)ᵀ`` from the O(q²) running sums
-  ``Σ r² θ̄_r θ̄_rᵀ``, ``Σ r² θ̄_r`` and ``Σ r²``; the interval is ``θ̄_j ± c_level·sqrt(V̂_jj/s)``
-  with ``c_0.95 = 6.747`` (the 97.5 % point of ``|W(1)| / sqrt(∫(W(r) − rW(1))² dr)``; other levels
-  from :data:`RS_CRITICAL`, simulated). ``stderr`` is reported as half-width / z_{(1+level)/2}, so
-  that ``value ± z·stderr`` is the same interval.
-
-Speed: for logistic and quantile regression with the DR gradient the mini-batch loop runs
-compiled (numba, :mod:`aggregator.state._sgd_kernel`) — the same steps, anchors and sums as the
-Python loop, which SDR/SL estimators and custom losses keep (≈ 3.3 → 0.25 µs per report for the
-thresholded logistic with one-step sums, 1.15 → 0.08 µs for median regression).
+Merging random-scaling runs: a state keeps the summaries ``(θ̄, V̂, s, n)`` of the runs merged
+into it and combines them with its own by their numbers of averaged steps: ``θ = Σ_k ω_k θ̄_k``
+with ``ω_k = s_k / Σ s``, variance ``Σ_k ω_k² V̂_k / s_k`` and the critical value of K combined
+random-scaling ratios (:func:`rs_critical` with ``K_eff = 1/Σ ω_k²``). Step-count weights, not
+inverse-variance ones: a run's ``V̂`` is itself a noisy estimate, and weighting by it favours the
+run whose ``V̂`` came out small by chance. This merge agrees with one pass over all reports to
+within sampling error, not exactly.
 
 Coordinates: for regression queries the fields are standardized by the schema bounds,
 ``u = (x − mid)/(range/2) ∈ [−1, 1]`` (``mid`` = centre of the box; scale only, no shift, without
-an intercept) for stable, well-conditioned steps; the SL noise variance there is ``(2λ)²``.
-Estimates are mapped back to original units
-(``β = M θ + a``, covariance ``M V̂ Mᵀ``). Custom losses run in original units with
+an intercept); the SL noise variance there is ``(2λ)²``. Estimates are mapped back to original
+units (``β = M θ + a``, covariance ``M V̂ Mᵀ``). Custom losses run in original units with
 ``σ_j² = (λ·range_j)²``.
-
-Merging partitions (random scaling): a state keeps the summaries ``(θ̄, V̂, s, n)`` of the runs
-merged into it and combines them with its own by their numbers of averaged steps:
-``θ = Σ_k ω_k θ̄_k`` with ``ω_k = s_k / Σ s``, variance ``Σ_k ω_k² V̂_k / s_k`` and the critical
-value of K combined random-scaling ratios (:func:`rs_critical` with ``K_eff = 1/Σ ω_k²``:
-6.747 for one run, 5.36 for 4 equal ones, 4.82 in the limit: ``sqrt(6)·1.96 = 4.80`` times
-the table's ratio of the published to the simulated one-run value). DESIGN §5 says
-inverse-variance weighting, ``w_k = s_k / V̂_k,jj``; measured, that is wrong here: a run's
-``V̂`` is a noisy estimate (it is what makes 6.747 so large), and the run whose ``V̂`` came out
-small by chance dominated the combination — 95 % intervals merged from 4 partitions covered
-the truth in 61 % (5k reports each) and 83 % (20k each) of simulated streams, against 84 % and
-92 % with step-count weights (94 % at 40k each). Unlike sufficient statistics, the
-random-scaling merge is **not** statistically the same as one pass over all reports; it agrees
-to within sampling error. (The one-step sums always merge exactly; a one-pass state differs
-from merged partitions only through its other anchors and its single burn-in.)
 """
 
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 
-from aggregator.config import load_custom_loss
 from aggregator.errors import ConfigError, StateError
 from aggregator.state._fields import numeric_columns, zil_of
 from aggregator.state.base import EmptyStateError, Estimate, State, normal_critical
+from aggregator.state.random_scaling import RS_COMBINED_RATIO, RS_CRITICAL, rs_critical
 
 __all__ = ["DEFAULT_STEP0", "N_BANDWIDTHS", "REL_NOISE", "RS_COMBINED_RATIO", "RS_CRITICAL", "SGDState",
            "rs_critical"]
@@ -88,62 +74,6 @@ N_BANDWIDTHS = 20
 #: Bandwidth rule: the narrowest rung whose Hessian trace has a relative standard error (from
 #: the between-batch spread of the per-batch traces) at most this.
 REL_NOISE = 0.05
-
-#: Two-sided critical values of the random-scaling t-ratio by confidence level: 0.95 from
-#: Lee et al. (2022) / Abadir & Paruolo (1997); the others from 2·10⁵ simulated Brownian paths
-#: on a 2000-point grid (the simulation gives 6.731 at 0.95).
-RS_CRITICAL = {
-    0.5: 1.858, 0.6: 2.367, 0.7: 3.003, 0.8: 3.868, 0.85: 4.475, 0.9: 5.314,
-    0.95: 6.747, 0.975: 8.114, 0.99: 9.933, 0.995: 11.325, 0.999: 14.641,
-}
-
-
-#: Critical values of K partitions' random-scaling runs combined by step-count weights, as ratios
-#: to :data:`RS_CRITICAL` (K = 1), per K and per level of :data:`RS_CRITICAL` in increasing
-#: order. K = ∞ is ``sqrt(6)·z`` (``E ∫(W(r) − rW(1))² dr = 1/6``). Simulated by
-#: ``python -m benchmarks.rs_critical`` (4·10⁵ Brownian paths, seed 20261201; see there).
-RS_COMBINED_RATIO = {
-    1: (1.0000, 1.0000, 1.0000, 1.0000, 1.0000, 1.0000, 1.0000, 1.0000, 1.0000, 1.0000, 1.0000),
-    2: (0.9449, 0.9376, 0.9263, 0.9124, 0.9030, 0.8904, 0.8724, 0.8526, 0.8389, 0.8288, 0.8169),
-    3: (0.9285, 0.9183, 0.9005, 0.8789, 0.8658, 0.8473, 0.8213, 0.7976, 0.7776, 0.7630, 0.7416),
-    4: (0.9184, 0.9060, 0.8864, 0.8641, 0.8488, 0.8261, 0.7950, 0.7666, 0.7399, 0.7225, 0.7008),
-    5: (0.9122, 0.8972, 0.8774, 0.8529, 0.8368, 0.8131, 0.7833, 0.7518, 0.7215, 0.6999, 0.6708),
-    6: (0.9079, 0.8945, 0.8736, 0.8454, 0.8285, 0.8044, 0.7698, 0.7375, 0.7076, 0.6902, 0.6564),
-    8: (0.9053, 0.8904, 0.8678, 0.8375, 0.8187, 0.7936, 0.7557, 0.7206, 0.6885, 0.6663, 0.6332),
-    10: (0.9007, 0.8840, 0.8615, 0.8311, 0.8114, 0.7841, 0.7450, 0.7096, 0.6737, 0.6509, 0.6128),
-    12: (0.8974, 0.8819, 0.8602, 0.8297, 0.8099, 0.7826, 0.7417, 0.7058, 0.6713, 0.6472, 0.6069),
-    16: (0.8971, 0.8804, 0.8580, 0.8248, 0.8049, 0.7774, 0.7363, 0.6979, 0.6612, 0.6354, 0.5954),
-    24: (0.8930, 0.8761, 0.8529, 0.8198, 0.7973, 0.7702, 0.7294, 0.6877, 0.6501, 0.6227, 0.5826),
-    32: (0.8920, 0.8762, 0.8512, 0.8173, 0.7965, 0.7683, 0.7268, 0.6865, 0.6468, 0.6195, 0.5780),
-    64: (0.8899, 0.8708, 0.8474, 0.8132, 0.7929, 0.7624, 0.7198, 0.6790, 0.6366, 0.6092, 0.5613),
-    math.inf: (0.8876, 0.8696, 0.8448, 0.8108, 0.7890, 0.7588, 0.7139, 0.6720, 0.6299, 0.6016, 0.5528),
-}
-
-
-def rs_critical(level: float, k_eff: float = 1.0) -> float:
-    """Random-scaling critical value at ``level`` for ``k_eff`` combined partitions.
-
-    ``k_eff = 1``: one run's value, interpolated in :data:`RS_CRITICAL`. For ``k_eff > 1`` that
-    value times the ratio of :data:`RS_COMBINED_RATIO`, interpolated linearly in ``1/k_eff``
-    (exact at the tabulated K for equal step counts; ``k_eff = (Σ s_k)²/Σ s_k²`` for unequal
-    ones, an approximation).
-
-    Raises
-    ------
-    ConfigError
-        If ``level`` is outside [0.5, 0.999] or ``k_eff`` < 1.
-    """
-    keys = np.array(sorted(RS_CRITICAL))
-    if not keys[0] <= level <= keys[-1]:
-        raise ConfigError(f"level must be in [0.5, 0.999] for random-scaling intervals, got {level}")
-    if not k_eff >= 1.0:
-        raise ConfigError(f"k_eff must be >= 1, got {k_eff}")
-    base = float(np.interp(level, keys, [RS_CRITICAL[k] for k in keys]))
-    if k_eff == 1.0:
-        return base
-    ks = sorted(RS_COMBINED_RATIO, reverse=True)  # ∞ first: 1/K increasing for np.interp
-    ratio = [float(np.interp(level, keys, RS_COMBINED_RATIO[k])) for k in ks]
-    return base * float(np.interp(1.0 / k_eff, [1.0 / k for k in ks], ratio))
 
 
 def _noised_label_logistic():
@@ -173,6 +103,9 @@ class SGDState(State):
     ----------
     query : LogisticRegressionQuery, QuantileRegressionQuery or CustomQuery
     schema : TelemetrySchema
+    loss : loss object, optional
+        A custom query's loss, already resolved from ``query.loss``; None: it is imported here
+        (:func:`aggregator.custom_loss.load_custom_loss`). Only for custom queries.
 
     Notes
     -----
@@ -187,7 +120,7 @@ class SGDState(State):
 
     kinds = ("logistic_regression", "quantile_regression", "custom")
 
-    def __init__(self, query, schema) -> None:
+    def __init__(self, query, schema, *, loss=None) -> None:
         super().__init__(query, schema)
         from mechanisms.corrected import corrected_loss
         from mechanisms.errors import ParameterError
@@ -204,7 +137,11 @@ class SGDState(State):
         self.diverged: str | None = None
         if q.kind == "custom":
             self.cols = numeric_columns(schema, q.fields, self.name, "fields")
-            self.loss = load_custom_loss(q.loss, key=f"queries.{self.name}.loss")
+            if loss is None:
+                from aggregator.custom_loss import load_custom_loss
+
+                loss = load_custom_loss(q.loss, key=f"queries.{self.name}.loss")
+            self.loss = loss
             self.shift = np.zeros(self.cols.size)
             self.scale = np.ones(self.cols.size)
             noise_var = zil.noise_variance[self.cols][list(self.loss.noised)]
@@ -219,6 +156,10 @@ class SGDState(State):
             self.M, self.a = np.eye(p), np.zeros(p)
         else:
             from mechanisms.losses import QuantileRegressionLoss
+
+            if loss is not None:
+                raise ConfigError(f"queries.{self.name}: a loss object is only for custom queries, "
+                                  f"not {q.kind!r}")
 
             ycol_name = q.label if q.kind == "logistic_regression" else q.response
             self.cols = np.concatenate([
@@ -309,8 +250,7 @@ class SGDState(State):
         K = self.bw.size
         # "auto": the one-step estimate where the θ-gradient is smooth (analytic/numeric
         # Hessian); random scaling for kinked losses, whose linearization needs the SGD anchor
-        # within the residual scale of θ̂ — not met on the flights demo (median regression
-        # one-step off by 3–5 SE while it covers in the simulated streams)
+        # within the residual scale of θ̂
         ci = self.opts.ci
         if ci == "auto":
             ci = "plugin" if self.hmode in ("analytic", "numeric") else "random_scaling"
@@ -445,10 +385,9 @@ class SGDState(State):
         ``sqrt(Σ_b tr² − T_k²/n_b)/T_k ≤`` :data:`REL_NOISE` (between-batch spread over the
         ``n_b`` mini-batches; mergeable sums), else the widest. The kernel bias of the smoothed
         Hessian is ``O(h²)`` relative to the scale of the *true* residual, while its noise is
-        set by the noised one: the narrowest bandwidth the data can afford minimizes the bias.
-        (The rule of ``mechanisms.estimation.m_estimate``, ``spread(noised residual)·n^(−1/5)``,
-        was 3–4× too wide on the flights demo — noise std 2 vs residual spread ≈ 0.1 in
-        standardized units — and biased the intercept by 3 SE.)
+        set by the noised one: the narrowest bandwidth the data can afford minimizes the bias
+        (a rule from the noised residual's spread, as in ``mechanisms.estimation.m_estimate``,
+        is too wide when the noise dominates that spread).
         """
         return float(self.bw[self._rung()])
 
@@ -496,9 +435,8 @@ class SGDState(State):
             if acc and self.t >= burn:
                 # linearize at the running Polyak average θ̄_{t−1} once there is one: it is
                 # F_{t−1}-measurable and far closer to θ̂ than the fluctuating iterate, so the
-                # second-order remainder of the linearization shrinks (measured: bias of the
-                # thresholded-logistic intercept 0.43 → 0.33 SE, median-regression SE ratio
-                # 1.09 → 1.00 at n = 2·10⁴); costs one more gradient per batch
+                # second-order remainder of the linearization shrinks; costs one more gradient
+                # per batch
                 anc = avg if self.s >= 1 else theta
                 self._accumulate(x1b, x2b, anc, gi if self.s < 1 else grad(x1b, x2b, anc))
             g = gi.mean(axis=0)
@@ -669,6 +607,9 @@ class SGDState(State):
                         self.query.level, self.query.estimator)
 
     # ------------------------------------------------------------------ serialization
+    def _resolved_loss(self):
+        return self.loss if self.query.kind == "custom" else None
+
     def _get_data(self) -> dict:
         return {
             "theta": self.theta, "t": self.t, "s": self.s, "avg": self.avg,
