@@ -1,5 +1,6 @@
 # Two commands for a fresh machine: `make demo` (the main job) and `make test` (the test suite).
-# Each creates .venv and installs the project with what it needs.
+# Each creates .venv and installs the project with what it needs: the `dev` extra, which pulls
+# `demo` and `server` (pyproject.toml; a bare `pip install .` is the client side only).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
