@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any, get_origin
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -66,6 +65,7 @@ from aggregator.queries import (
     parse_query,
     query_fields,
 )
+from ingest._model import StrictModel as _Frozen  # strict, as the queries
 from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX
 
 #: ``[worker] malloc_trim_threshold_mib`` bounds: what ``ingest.kafka.keep_freed_memory`` accepts.
@@ -85,12 +85,6 @@ log = logging.getLogger(__name__)
 
 #: ``[kafka] bootstrap_servers`` when the section does not give one (loopback only).
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-
-
-class _Frozen(BaseModel):
-    # strict, as the queries (aggregator.queries._Frozen): no string, bool or float is coerced
-    # into a number, bool or int; paths are ``Field(strict=False)`` to take TOML strings.
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, strict=True)
 
 
 #: ``checkpoint_interval_s``, ``refresh_interval_s``: seconds in (0, 1 day].

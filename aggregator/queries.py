@@ -33,7 +33,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     TypeAdapter,
     ValidationError,
@@ -42,6 +41,7 @@ from pydantic import (
 )
 
 from aggregator.errors import ConfigError
+from ingest._model import StrictModel
 
 __all__ = [
     "CustomQuery",
@@ -98,18 +98,11 @@ def finite_float(low: float, high: float, *, low_open: bool = True, high_open: b
     return Annotated[float, AfterValidator(check)]
 
 
-class _Frozen(BaseModel):
-    # strict: a TOML string, bool or float is not coerced into a number, bool or int (``level =
-    # "0.9"``, ``partitions = true``, ``intercept = "yes"`` are refused; an int is still a float).
-    # Tuple fields take TOML arrays: they are ``Field(strict=False)``, their items stay strict.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
 _STEP0 = finite_float(0.0, 1e3)
 _STEP_POWER = finite_float(0.5, 1.0, high_open=True)
 
 
-class SGDOptions(_Frozen):
+class SGDOptions(StrictModel):
     """Tuning of the online averaged-SGD estimators (DESIGN §5).
 
     Step ``γ_t = step0 · t^(−step_power)`` on mini-batches of ``batch_size`` reports; the
@@ -154,7 +147,7 @@ class SGDOptions(_Frozen):
     ci: Literal["auto", "plugin", "random_scaling"] = "auto"
 
 
-class _QueryBase(_Frozen):
+class _QueryBase(StrictModel):
     name: str
     level: float = 0.95
 

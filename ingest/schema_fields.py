@@ -1,0 +1,252 @@
+"""The fields of a telemetry schema: the numeric (ZIL) block and its fields, categorical fields,
+their PUM setting, and the client settings (DESIGN §2–§4). :class:`ingest.schema.TelemetrySchema`
+puts them together; every name here is importable from :mod:`ingest.schema`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from ingest._model import FrozenModel
+
+__all__ = [
+    "CategoricalField",
+    "ClientSettings",
+    "NumericField",
+    "NumericGroup",
+    "PersonalizedSetting",
+    "check_unique",
+]
+
+
+class NumericField(FrozenModel):
+    """One numeric field of the ZIL vector (DESIGN §2, §4).
+
+    Parameters
+    ----------
+    name : str
+        Field name (the key in events / column in batches).
+    low, high : float
+        Finite bounds in original units, ``low < high``. Values are clipped into ``[low, high]``
+        before noise is added; the guarantee holds only for the clipped box.
+    unit, description : str, optional
+        Documentation only (part of the fingerprint nonetheless).
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema` when ``low >= high`` or a bound is not finite.
+    """
+
+    name: str = Field(min_length=1)
+    low: float
+    high: float
+    unit: str | None = None
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> NumericField:
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError(f"numeric field {self.name!r}: low and high must be finite")
+        if self.low >= self.high:
+            raise ValueError(
+                f"numeric field {self.name!r}: low must be < high, got low={self.low} high={self.high}"
+            )
+        return self
+
+
+class NumericGroup(FrozenModel):
+    """The numeric block: ONE ZIL(δ, λ²I) vector over all numeric fields (DESIGN §2).
+
+    Parameters
+    ----------
+    zero_prob : float
+        δ ∈ (0, 1): probability that a report carries the **exact** (clipped) values.
+    scale : float, optional
+        λ > 0, noise std per unit of range (standardized coordinates). Give either ``scale`` or
+        both ``epsilon`` and ``delta``.
+    epsilon, delta : float, optional
+        Target record-level (ε, δ′) guarantee; λ is calibrated with
+        ``mechanisms.privacy.calibrate_zil`` for the standardized box of diameter √d
+        (DESIGN §2 "Calibration"). Requires ``zero_prob < delta < 1`` and ``epsilon > 0``.
+    fields : list of NumericField
+        At least one field; names unique.
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema` when both or neither of scale / (epsilon, delta) are
+        given, ``delta <= zero_prob``, or a parameter is out of range.
+    """
+
+    zero_prob: float
+    scale: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    fields: tuple[NumericField, ...]
+
+    @model_validator(mode="after")
+    def _params(self) -> NumericGroup:
+        if not 0.0 < self.zero_prob < 1.0:
+            raise ValueError(f"numeric.zero_prob must be in (0, 1), got {self.zero_prob}")
+        has_scale = self.scale is not None
+        has_target = self.epsilon is not None or self.delta is not None
+        if has_scale == has_target:
+            raise ValueError(
+                "numeric: give either scale or both epsilon and delta (exactly one of the two), "
+                f"got scale={self.scale}, epsilon={self.epsilon}, delta={self.delta}"
+            )
+        if has_scale and not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"numeric.scale must be a finite number > 0, got {self.scale}")
+        if has_target:
+            if self.epsilon is None or self.delta is None:
+                raise ValueError("numeric: epsilon and delta must be given together")
+            if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+                raise ValueError(f"numeric.epsilon must be a finite number > 0, got {self.epsilon}")
+            if not self.zero_prob < self.delta < 1.0:
+                raise ValueError(
+                    f"numeric.delta must be in (zero_prob, 1) = ({self.zero_prob}, 1), got {self.delta} "
+                    "(a ZIL report is exact with probability zero_prob, so delta > zero_prob)"
+                )
+        if not self.fields:
+            raise ValueError("numeric.fields must list at least one field")
+        check_unique("numeric.fields", [f.name for f in self.fields])
+        return self
+
+
+class PersonalizedSetting(FrozenModel):
+    """PUM setting of a categorical field (DESIGN §3, Murakami & Kawamoto §5).
+
+    Parameters
+    ----------
+    bots : int
+        κ ≥ 1 bot symbols ``⊥₁..⊥_κ`` appended to the domain (codes ``k .. k+κ−1``). A user maps
+        her own personally sensitive values to her bot symbol before the common mechanism runs;
+        the bots are sensitive in the extended domain.
+    """
+
+    bots: int = Field(default=1, ge=1, le=255)
+
+
+class CategoricalField(FrozenModel):
+    """One categorical field privatized with uRR or uRAP (DESIGN §3).
+
+    Parameters
+    ----------
+    name : str
+    categories : list of str
+        The domain 𝒳 (k ≥ 2 distinct values); the code of a value is its position.
+    sensitive : list of str
+        𝒳_S ⊆ categories (may be empty only if ``personalized`` is set). Non-sensitive values
+        may be revealed (uRR: w.p. c₃; uRAP: w.p. 1 − d₂).
+    mechanism : {"urap", "urr"}
+    epsilon : float
+        ε > 0 of the ULDP guarantee for the sensitive values.
+    theta : float, optional
+        uRAP's θ ∈ (0, 1); default ``e^{ε/2}/(e^{ε/2}+1)``. Not allowed with uRR.
+    fallback : str, optional
+        A category that unknown (string) values are mapped to; ``None`` means unknown values
+        are invalid.
+    personalized : PersonalizedSetting, optional
+        PUM with κ bot symbols.
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema` when a constraint fails (the message names the field).
+    """
+
+    name: str = Field(min_length=1)
+    categories: tuple[str, ...]
+    sensitive: tuple[str, ...] = ()
+    mechanism: str
+    epsilon: float
+    theta: float | None = None
+    fallback: str | None = None
+    personalized: PersonalizedSetting | None = None
+
+    @field_validator("mechanism", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _check(self) -> CategoricalField:
+        where = f"categorical field {self.name!r}"
+        if self.mechanism not in ("urap", "urr"):
+            raise ValueError(f"{where}: mechanism must be 'urap' or 'urr', got {self.mechanism!r}")
+        if len(self.categories) < 2:
+            raise ValueError(f"{where}: categories must list at least 2 values, got {len(self.categories)}")
+        check_unique(f"{where}: categories", list(self.categories))
+        cats = set(self.categories)
+        bad = [s for s in self.sensitive if s not in cats]
+        if bad:
+            raise ValueError(f"{where}: sensitive values not in categories: {bad}")
+        check_unique(f"{where}: sensitive", list(self.sensitive))
+        if not self.sensitive and self.personalized is None:
+            raise ValueError(f"{where}: sensitive must list at least one category (or set personalized)")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"{where}: epsilon must be a finite number > 0, got {self.epsilon}")
+        if self.theta is not None:
+            if self.mechanism != "urap":
+                raise ValueError(f"{where}: theta is a uRAP parameter, not allowed with {self.mechanism!r}")
+            if not 0.0 < self.theta < 1.0:
+                raise ValueError(f"{where}: theta must be in (0, 1), got {self.theta}")
+        if self.fallback is not None and self.fallback not in cats:
+            raise ValueError(f"{where}: fallback {self.fallback!r} is not one of the categories")
+        return self
+
+    @property
+    def k(self) -> int:
+        """Size of the wire domain: ``len(categories)`` plus κ bots for PUM fields."""
+        return len(self.categories) + (self.personalized.bots if self.personalized else 0)
+
+    @property
+    def sensitive_codes(self) -> tuple[int, ...]:
+        """Codes of the sensitive set in the wire domain (bots included for PUM), ascending."""
+        idx = {c: i for i, c in enumerate(self.categories)}
+        codes = sorted(idx[s] for s in self.sensitive)
+        if self.personalized:
+            codes += list(range(len(self.categories), self.k))
+        return tuple(codes)
+
+    @property
+    def resolved_theta(self) -> float | None:
+        """θ actually used (uRAP): the declared one or ``e^{ε/2}/(e^{ε/2}+1)``; None for uRR."""
+        if self.mechanism != "urap":
+            return None
+        if self.theta is not None:
+            return self.theta
+        h = math.exp(self.epsilon / 2)
+        return h / (h + 1.0)
+
+
+class ClientSettings(FrozenModel):
+    """``[client]``: how clients of this schema draw their noise (issue 9, docs/privacy.md).
+
+    Parameters
+    ----------
+    rng : {"os", "secure"}
+        ``"os"`` (default): numpy's PCG64 seeded from OS entropy; ``"secure"``: ChaCha20 keyed from
+        the OS CSPRNG (``mechanisms.rng.secure_generator``). Used by ``Privatizer`` when it is
+        given ``rng=None``. Part of the fingerprint like every schema setting.
+    """
+
+    rng: str = "os"
+
+    @field_validator("rng")
+    @classmethod
+    def _rng(cls, v: str) -> str:
+        if v not in ("os", "secure"):
+            raise ValueError(f"rng must be 'os' or 'secure', got {v!r}")
+        return v
+
+
+def check_unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    dups = sorted({n for n in names if n in seen or seen.add(n)})
+    if dups:
+        raise ValueError(f"{what}: duplicate names {dups}")
