@@ -4,6 +4,8 @@
 Every metrics object owns a private :class:`prometheus_client.CollectorRegistry` (never the global
 one), so several workers or servers can live in one process (tests) and each exposes only its own
 families. Workers export their operational metrics; serve exports the merged estimates.
+:func:`read_metrics`, :func:`metric_value` and :func:`metric_totals` read an endpoint back (the
+demo, the tests, the benchmarks).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ __all__ = [
     "WORKER_METRIC_NAMES",
     "ServeMetrics",
     "WorkerMetrics",
+    "metric_totals",
+    "metric_value",
+    "read_metrics",
     "start_metrics_server",
 ]
 
@@ -264,3 +269,52 @@ def start_metrics_server(registry: CollectorRegistry, port: int, host: str = "12
                 else " (--metrics-host must be an address of this machine)"
                 if exc.errno == errno.EADDRNOTAVAIL else "")
         raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}{hint}") from None
+
+
+# ---------------------------------------------------------------------- reading an endpoint
+def read_metrics(url: str, timeout: float = 2.0) -> str:
+    """The text exposition served at ``url`` (e.g. ``http://127.0.0.1:9100/metrics``).
+
+    Raises
+    ------
+    OSError
+        ``urllib.error.URLError`` (an ``OSError``) if nothing answers within ``timeout`` seconds.
+    """
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def metric_totals(text: str) -> dict[str, float]:
+    """Every sample of a text exposition summed over its labels, by sample name
+    (``ldp_reports_processed_total`` → the sum over partitions)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """The value of one sample of a text exposition, 0.0 if it is absent.
+
+    Parameters
+    ----------
+    text : str
+        The exposition (:func:`read_metrics`).
+    name : str
+        Sample name, e.g. ``ldp_records_dead_lettered_total``.
+    labels : str
+        The sample's labels as exposed, e.g. ``'reason="bad_magic"'``; empty for none.
+    """
+    want = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, val = line.rpartition(" ")
+        if key == want:
+            return float(val)
+    return 0.0

@@ -9,9 +9,6 @@ started it dies (``PR_SET_PDEATHSIG``) — so even a killed test runner leaves n
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import errno
 import logging
 import os
 import shutil
@@ -27,6 +24,16 @@ from pathlib import Path
 
 from ingest.errors import BrokerError, ConfigError
 
+# the port and process helpers lived here before ingest.processes; still importable from here
+from ingest.processes import (  # noqa: F401
+    EXIT_WITH_PARENT_ENV,
+    exit_with_parent,
+    free_port,
+    port_is_free,
+    set_parent_death_signal,
+    stop_process,
+)
+
 logger = logging.getLogger(__name__)
 
 _ALLOWED_HOSTS = ("127.0.0.1",)
@@ -41,59 +48,6 @@ _TANSU_ENV = (
 )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that was free a moment ago (bound to port 0 by the OS).
-
-    Parameters
-    ----------
-    host : str
-        Interface to probe: IPv4, or IPv6 when it contains ``:`` (the brokers use ``127.0.0.1``;
-        ``serve --port 0`` its own host).
-
-    Returns
-    -------
-    int
-        A port number in the OS ephemeral range.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a TCP listener could bind ``host:port`` right now.
-
-    Parameters
-    ----------
-    host : str
-        Interface address (IPv4, or IPv6 when it contains ``:``).
-    port : int
-        TCP port in [1, 65535].
-
-    Returns
-    -------
-    bool
-        ``False`` if the bind fails with ``EADDRINUSE``/``EACCES``.
-
-    Raises
-    ------
-    OSError
-        For any other bind failure (e.g. an address that is not local).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # same semantics as a server socket (Tansu sets SO_REUSEADDR too): TIME_WAIT does not count
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-        return True
-
-
 def _accepts_tcp(host: str, port: int, timeout: float) -> bool:
     """Whether something accepts a TCP connection on ``host:port`` (socket closed again)."""
     try:
@@ -103,70 +57,9 @@ def _accepts_tcp(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def set_parent_death_signal(sig: int) -> None:  # pragma: no cover - runs in a forked child
-    """Ask the Linux kernel to send ``sig`` to this process when its parent thread dies.
-
-    For ``preexec_fn`` of a child process; a no-op where ``prctl`` is unavailable.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, sig)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass
-
-
-#: Environment variable naming the process whose death should stop this one
-#: (:func:`exit_with_parent`).
-EXIT_WITH_PARENT_ENV = "LDP_STREAM_EXIT_WITH_PARENT"
-
-
-def exit_with_parent(sig: int = signal.SIGTERM) -> None:
-    """In a child started with ``EXIT_WITH_PARENT_ENV=<parent pid>``: have the kernel send ``sig``
-    to this process when its parent dies, and send it now if the parent is already gone.
-
-    The child-side form of :func:`set_parent_death_signal`: its parent can then start it without
-    ``preexec_fn``, which makes ``subprocess`` fork the whole process (not ``vfork``) and run
-    the libraries' fork handlers — OpenBLAS's stops its threads, and a matrix product running
-    meanwhile on another thread of the parent never returns. The variable is removed from the
-    environment so that this process's own children do not inherit it. No-op when it is unset
-    or not an integer, and where ``prctl`` is unavailable.
-    """
-    value = os.environ.pop(EXIT_WITH_PARENT_ENV, None)
-    try:
-        parent = int(value)
-    except (TypeError, ValueError):  # unset, or not a pid
-        return
-    set_parent_death_signal(sig)
-    if os.getppid() != parent:  # it died before the request above: nobody would signal us
-        os.kill(os.getpid(), sig)
-
-
 def _pdeathsig_preexec() -> None:  # pragma: no cover - runs in the forked child
     """SIGKILL the broker when its parent thread dies."""
     set_parent_death_signal(signal.SIGKILL)
-
-
-def stop_process(proc: subprocess.Popen, timeout: float) -> None:
-    """Stop ``proc``: SIGCONT (if frozen), SIGTERM, wait ``timeout`` s, SIGKILL, wait.
-
-    Parameters
-    ----------
-    proc : subprocess.Popen
-    timeout : float
-        Seconds to wait for a clean exit after SIGTERM before SIGKILL.
-    """
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGCONT)
-    with contextlib.suppress(ProcessLookupError):
-        proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait(timeout=10.0)
 
 
 def _finalize(proc: subprocess.Popen, workdir: str) -> None:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 import urllib.error
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 
 from ingest.privatizer import Privatizer
+from ingest.processes import free_port
 from ingest.schema import TelemetrySchema
 from mechanisms import zil as zil_mod
 from mechanisms.rng import as_generator, is_secure
@@ -216,9 +216,7 @@ class _Uvicorn:
     def __init__(self, app):
         import uvicorn
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical")
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

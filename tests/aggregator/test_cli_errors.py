@@ -12,6 +12,7 @@ from aggregator.cli import main
 from aggregator.errors import ConfigError
 from aggregator.metrics import start_metrics_server
 from aggregator.serve import check_bindable
+from ingest.processes import free_port
 
 SCHEMA = str(Path(__file__).resolve().parents[2] / "examples" / "flights.schema.toml")
 
@@ -44,9 +45,7 @@ def test_serve_port_in_use_is_a_config_error(busy_port):
 
 
 def test_analyze_without_a_broker_is_one_line(tmp_path, capsys):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = free_port()  # a port nobody listens on
     cfg = tmp_path / "p.toml"
     schema = (tmp_path / ".." / "s.toml").resolve()
     schema.write_text('name = "t"\n[numeric]\nzero_prob = 0.2\nscale = 1.0\n'
@@ -147,9 +146,7 @@ def test_produce_refuses_a_source_without_the_schemas_columns_before_connecting(
     """The first chunk is privatized before the producer connects: with no broker at all the
     error is the source's (it used to be 'no Kafka broker reachable', or, with a broker, the
     topic was created and a counts line printed before the column error)."""
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = free_port()  # a port nobody listens on
     csv = tmp_path / "wrong.csv"
     csv.write_text("a,b\n1,2\n")
     rc = main(["produce", "--schema", SCHEMA, "--source", str(csv), "--bootstrap-servers",

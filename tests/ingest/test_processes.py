@@ -1,0 +1,51 @@
+"""The one set of port and child-process helpers (``ingest.processes``)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import time
+
+from ingest.processes import free_port, port_is_free, spawn_process, stop_process
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    assert port_is_free("127.0.0.1", port)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert not port_is_free("127.0.0.1", port)
+
+
+def test_spawn_logs_and_stop_reports_the_exit_status(tmp_path):
+    log = tmp_path / "child.log"
+    code = "import sys, time; print('up', flush=True); sys.stderr.write('err\\n'); time.sleep(60)"
+    proc = spawn_process([sys.executable, "-c", code], log_path=log)
+    try:
+        for _ in range(500):
+            if "up" in log.read_text():
+                break
+            time.sleep(0.01)
+        assert stop_process(proc, timeout=10) == -signal.SIGTERM
+        assert stop_process(proc, timeout=10) == -signal.SIGTERM  # already gone: its status
+    finally:
+        stop_process(proc, timeout=1, sig=signal.SIGKILL)
+    assert log.read_text().split() == ["up", "err"]
+
+
+def test_spawn_passes_the_parent_to_watch(tmp_path):
+    import os
+
+    from ingest.processes import EXIT_WITH_PARENT_ENV
+
+    log = tmp_path / "env.log"
+    code = f"import os; print(os.environ.get({EXIT_WITH_PARENT_ENV!r}))"
+    proc = spawn_process([sys.executable, "-c", code], log_path=log, exit_with_parent=True)
+    assert proc.wait(30) == 0
+    assert log.read_text().strip() == str(os.getpid())
+    proc = spawn_process([sys.executable, "-c", code], log_path=log, env={"PATH": os.environ["PATH"]})
+    assert proc.wait(30) == 0
+    assert log.read_text().split()[-1] == "None"
+    assert stop_process(proc, timeout=1, sig=signal.SIGKILL) == 0
