@@ -25,7 +25,7 @@ def test_spawn_logs_and_stop_reports_the_exit_status(tmp_path):
     proc = spawn_process([sys.executable, "-c", code], log_path=log)
     try:
         for _ in range(500):
-            if "up" in log.read_text():
+            if "err" in log.read_text():
                 break
             time.sleep(0.01)
         assert stop_process(proc, timeout=10) == -signal.SIGTERM
