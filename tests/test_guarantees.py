@@ -13,19 +13,16 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
 from ingest.privatizer import Privatizer
-from ingest.processes import free_port
 from ingest.schema import TelemetrySchema
 from mechanisms import zil as zil_mod
 from mechanisms.rng import as_generator, is_secure
+from tests.http_server import ServedApp
 
 LOW, HIGH = np.array([0.0, -5.0]), np.array([1.0, 5.0])
 
@@ -212,34 +209,6 @@ def test_serve_defaults_bind_loopback():
     assert "127.0.0.1" in inspect.getsource(serve_cli)
 
 
-class _Uvicorn:
-    def __init__(self, app):
-        import uvicorn
-
-        self.port = free_port()
-        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical")
-        self.server = uvicorn.Server(cfg)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-
-    def request(self, path: str, method: str = "GET") -> tuple[int, str]:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                     data=b"{}" if method in ("POST", "PUT", "PATCH") else None)
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 def test_serve_read_only_and_never_a_traceback(monkeypatch):
     import json
 
@@ -258,7 +227,7 @@ def test_serve_read_only_and_never_a_traceback(monkeypatch):
     with tempfile.TemporaryDirectory() as d:
         cfg = PipelineConfig.load(ps.write_config(Path(d), "127.0.0.1:9", _Topic()))
     store = EstimateStore(PipelineRuntime.from_config(cfg))
-    srv = _Uvicorn(build_app(store))
+    srv = ServedApp(build_app(store))
     try:
         paths = ["/estimates", "/estimates/arr_delay_mean", "/privacy", "/healthz", "/metrics"]
         for path in paths:
