@@ -211,3 +211,34 @@ def test_draws_have_the_standard_sl_distribution():
     assert abs((x[1:, 0] * x[:-1, 0]).mean()) < 4.5 * math.sqrt(1 / n)
     first = x[::100, 0]
     assert abs((first[1:] * first[:-1]).mean()) < 4.5 * math.sqrt(1 / first.size)
+
+
+def test_doubler_is_the_schemas_doubling_record_by_record_or_batched():
+    """``Doubler(schema)``: ``sd = sqrt(zero_prob · noise_variance)``; ``double_many`` over several
+    records equals ``double`` of each record's rows, and a schema without numeric fields or a
+    batch without reports gives ``X̃₁`` back (a copy)."""
+    from aggregator.state import Doubler
+    from ingest.batch import ReportBatch, slice_batch
+    from ingest.schema import TelemetrySchema
+    from tests.aggregator._state_support import make_batch, make_schema
+
+    schema = make_schema()
+    dbl = Doubler(schema)
+    mech = schema.zil_mechanism()
+    assert np.array_equal(dbl.sd, np.sqrt(mech.zero_prob * mech.noise_variance))
+    batch, _, _ = make_batch(schema, 30, np.random.default_rng(2))
+    records, counts = [b"r0", b"r1", b"r2"], [10, 0, 20]
+    got = dbl.double_many(batch, records, counts)
+    assert np.array_equal(got, double_records(records, counts, batch.numeric, dbl.sd))
+    per = [dbl.double(slice_batch(batch, a, a + n), r)
+           for r, a, n in zip(records, np.cumsum([0, *counts[:-1]]), counts)]
+    assert np.array_equal(got, np.concatenate(per))
+    empty = slice_batch(batch, 0, 0)
+    assert dbl.double(empty, b"x").shape == (0, batch.numeric.shape[1])
+    cat_only = TelemetrySchema.from_dict({"name": "c", "version": 1, "categorical": [
+        {"name": "c", "categories": ["a", "b"], "sensitive": ["a"], "mechanism": "urr", "epsilon": 1.0}]})
+    none = Doubler(cat_only)
+    assert none.sd is None
+    b = ReportBatch(cat_only.fingerprint, np.zeros((3, 0)), {"c": np.zeros(3, np.int32)})
+    out = none.double(b, b"x")
+    assert out.shape == (3, 0) and out is not b.numeric

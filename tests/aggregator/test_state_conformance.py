@@ -233,3 +233,31 @@ def test_estimate_validation_and_dict():
     assert "q" in repr(e)
     with pytest.raises(ValueError):
         e.value[0] = 3.0  # read-only
+
+
+def test_a_resolved_custom_loss_is_used_and_restoring_imports_no_user_code(schema, data, monkeypatch):
+    """``build_state``/``state_from_bytes``/``copy`` with the loss object the config resolved give
+    the same state as importing the spec, and never import it; a loss is only for custom queries."""
+    from aggregator import custom_loss
+    from aggregator.state import state_from_bytes
+
+    batch, x2, _ = data
+    spec = QUERIES[-1]
+    loss = custom_loss.load_custom_loss(spec["loss"])
+    want = build_state(spec, schema).update(batch, x2).to_bytes()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("user code imported")
+
+    monkeypatch.setattr(custom_loss, "load_custom_loss", refuse)
+    st = build_state(spec, schema, loss=loss).update(batch, x2)
+    assert st.to_bytes() == want
+    back = state_from_bytes(want, parse_query(spec), schema, loss=loss)
+    assert back.to_bytes() == want and back.loss is loss
+    assert State.from_bytes(want, back.query, schema, loss=loss).to_bytes() == want
+    assert st.copy().to_bytes() == want
+    with pytest.raises(ConfigError, match="only for custom queries"):
+        build_state(QUERIES[3], schema, loss=loss)
+    with pytest.raises(ConfigError, match="only for custom queries"):
+        state_from_bytes(build_state(QUERIES[3], schema).to_bytes(), parse_query(QUERIES[3]), schema,
+                         loss=loss)
