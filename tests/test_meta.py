@@ -51,3 +51,10 @@ def test_tests_need_nothing_outside_the_repository():
         if p.name != "test_meta.py" and ('"shared"' in p.read_text() or "../shared" in p.read_text())
     ]
     assert not offenders, offenders
+
+
+def test_library_files_stay_short():
+    """One file, one idea: no module of the three packages is over 700 lines."""
+    long = {str(p.relative_to(ROOT)): n for pkg in ("mechanisms", "ingest", "aggregator")
+            for p in (ROOT / pkg).rglob("*.py") if (n := len(p.read_text().splitlines())) > 700}
+    assert not long, long
