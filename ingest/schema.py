@@ -249,17 +249,14 @@ class TelemetrySchema(FrozenModel):
         Raises
         ------
         SchemaError
-            If calibration is impossible (e.g. ``mechanisms.privacy`` missing or no solution).
+            If no scale meets the (epsilon, delta) target.
         """
         if self.numeric is None:
             return None
         if self.numeric.scale is not None:
             return float(self.numeric.scale)
-        try:
-            from mechanisms.privacy import calibrate_zil
-        except ImportError as exc:  # pragma: no cover - depends on a concurrent module
-            raise SchemaError(
-                f"numeric: epsilon/delta calibration needs mechanisms.privacy ({exc})") from None
+        from mechanisms.privacy import calibrate_zil
+
         d = self.dim
         try:
             res = calibrate_zil(self.numeric.epsilon, self.numeric.delta, self.numeric.zero_prob,
@@ -335,9 +332,9 @@ class TelemetrySchema(FrozenModel):
             ``{"schema", "version", "fingerprint", "numeric": {...} | None, "categorical": {name:
             {...}}}``. The numeric entry gives zero_prob and the exact-release statement, λ,
             d, c_I = √d/λ (record level), c_A = 1/λ (attribute level), per-field noise std in
-            original units, and (ε, δ̃) pairs at record and attribute level when
-            ``mechanisms.privacy`` is available. Each categorical entry gives the mechanism, ε,
-            the sensitive-set size and what non-sensitive reports reveal.
+            original units, and (ε, δ̃) pairs at record and attribute level. Each categorical
+            entry gives the mechanism, ε, the sensitive-set size and what non-sensitive reports
+            reveal.
 
         Source: DESIGN §2 "Privacy accounting", §3.
         """
@@ -458,11 +455,8 @@ def _numeric_summary(schema: TelemetrySchema) -> dict[str, Any]:
         "bounds": {f.name: [f.low, f.high] for f in num.fields},
         "epsilon_delta": None,
     }
-    try:
-        from mechanisms.privacy import zil_guarantee
-    except ImportError:  # pragma: no cover - depends on a concurrent module
-        summ["epsilon_delta_note"] = "mechanisms.privacy unavailable"
-        return summ
+    from mechanisms.privacy import zil_guarantee
+
     g = zil_guarantee(num.zero_prob, lam, d)
     summ["epsilon_delta"] = {
         "record": [{"epsilon": e, "delta": dt} for e, dt in zip(g.epsilons, g.delta_record)],
