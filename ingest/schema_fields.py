@@ -1,5 +1,5 @@
 """The fields of a telemetry schema: the numeric (ZIL) block and its fields, categorical fields,
-their PUM setting, and the client settings (DESIGN §2–§4). :class:`ingest.schema.TelemetrySchema`
+their PUM setting, and the client settings (docs/schema.md). :class:`ingest.schema.TelemetrySchema`
 puts them together; every name here is importable from :mod:`ingest.schema`.
 """
 

@@ -1,11 +1,12 @@
 """Consumer-side doubling: the block ``X̃₂`` every state receives next to ``X̃₁``.
 
 The worker doubles every report as ``X̃₂ = X̃₁ + sqrt(δλ²)·range·sqrt(W)·G`` — the distribution
-of ``mechanisms.zil.double`` (DESIGN §2) — with standard symmetric-Laplace draws ``sqrt(W)·G``
-seeded by the bytes of the record the report came in (:func:`doubling_seed`), so that the draws
-depend only on the record, never on how records are batched, and a replay reproduces every
-state bit for bit. :class:`Doubler` is the doubling of one schema, as the worker's plan uses it;
-:func:`double_records` and :func:`doubling_draws` are its arithmetic.
+of ``mechanisms.zil.double`` (docs/mechanisms.md §2.1–2.2) — with standard symmetric-Laplace
+draws ``sqrt(W)·G`` seeded by the bytes of the record the report came in
+(:func:`doubling_seed`), so that the draws depend only on the record, never on how records are
+batched, and a replay reproduces every state bit for bit. :class:`Doubler` is the doubling of
+one schema, as the worker's plan uses it; :func:`double_records` and :func:`doubling_draws` are
+its arithmetic.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class Doubler:
     ----------
     schema : ingest.schema.TelemetrySchema
         Its :meth:`zil_mechanism` gives ``sd = sqrt(zero_prob · noise_variance)`` per numeric
-        coordinate (``δλ²·range²``, DESIGN §2); a schema without numeric fields doubles nothing.
+        coordinate (``δλ²·range²``, docs/mechanisms.md §2.2); a schema without numeric fields doubles nothing.
 
     Attributes
     ----------
