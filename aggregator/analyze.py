@@ -2,8 +2,8 @@
 
 Reports are already private, so the reports topic can be replayed and re-analysed any number of
 times, with any loss, at no further privacy cost. :func:`replay` reads the reports topic from the
-beginning up to its end (the fetch high watermark — Tansu's ``end_offsets`` can be too small,
-DESIGN §6), decodes every record and draws ``X̃₂`` with the same per-record seed as the worker
+beginning up to its end (:func:`ingest.clients.read_to_end`), decodes every record and draws
+``X̃₂`` with the same per-record seed as the worker
 (:func:`aggregator.state.doubling_draws`), so batch and streaming see identical ``(X̃₁, X̃₂)``.
 :func:`analyze_query` and :func:`analyze_loss` then run the exact batch fits of
 :mod:`mechanisms.estimation` (closed forms or scipy, plug-in sandwich CI).
@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aggregator.errors import AggregatorError, ConfigError
-from ingest.batch import ReportBatch
+from ingest.batch import ReportBatch, concat_batches
+from ingest.clients import read_to_end, reader_client
 from ingest.errors import DecodeError
+from ingest.kafka import KafkaSettings
 
 __all__ = ["Replay", "analyze_loss", "analyze_query", "replay", "replay_records"]
 
@@ -59,7 +61,7 @@ def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
 
     Parameters
     ----------
-    runtime : aggregator.worker.PipelineRuntime
+    runtime : aggregator.plan.PipelineRuntime
     values : sequence of bytes or None
         Record values in the order to concatenate; ``None`` (a record without a value) is
         skipped and counted under ``"empty"``, the reason the worker dead-letters it with.
@@ -68,8 +70,6 @@ def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
     -------
     Replay
     """
-    from aggregator.worker import concat_batches
-
     batches, x2s, skipped = [], [], {}
     for v in values:
         if v is None:
@@ -89,14 +89,14 @@ def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
     return Replay(concat_batches(batches), np.concatenate(x2s, axis=0), len(batches), skipped)
 
 
-def replay(runtime, client_config: dict, topic: str, timeout_s: float = 120.0) -> Replay:
+def replay(runtime, settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -> Replay:
     """Read ``topic`` from the beginning to its current end and decode every record.
 
     Parameters
     ----------
-    runtime : aggregator.worker.PipelineRuntime
-    client_config : dict
-        kafka-python connection settings (``bootstrap_servers``, security).
+    runtime : aggregator.plan.PipelineRuntime
+    settings : ingest.kafka.KafkaSettings
+        Connection settings (``bootstrap_servers``, security) of the reading consumer.
     topic : str
         The reports topic.
     timeout_s : float
@@ -107,12 +107,11 @@ def replay(runtime, client_config: dict, topic: str, timeout_s: float = 120.0) -
     AggregatorError
         If the topic does not exist or its end is not reached in time.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
     if not timeout_s > 0:
         raise ConfigError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
-    consumer = KafkaConsumer(**client_config, group_id=None, enable_auto_commit=False,
-                             auto_offset_reset="earliest")
+    consumer = reader_client(settings)
     try:
         deadline = time.monotonic() + timeout_s
         parts = consumer.partitions_for_topic(topic)
@@ -125,23 +124,14 @@ def replay(runtime, client_config: dict, topic: str, timeout_s: float = 120.0) -
         consumer.assign(tps)
         for tp in tps:
             consumer.seek_to_beginning(tp)
-        floor = consumer.end_offsets(tps)  # a lower bound on Tansu (DESIGN §6)
         values: dict[int, list[bytes]] = {tp.partition: [] for tp in tps}
-        seen: set = set()
-        while True:
-            for tp, recs in consumer.poll(timeout_ms=200).items():
-                values[tp.partition].extend(r.value for r in recs)  # None: counted "empty"
-            done = True
-            for tp in tps:
-                hw = consumer.highwater(tp)
-                if hw is not None:
-                    seen.add(tp)
-                if tp not in seen or consumer.position(tp) < max(int(floor.get(tp) or 0), int(hw or 0)):
-                    done = False
-            if done:
-                break
-            if time.monotonic() > deadline:
-                raise AggregatorError(f"could not read {topic!r} to its end in {timeout_s:g} s")
+
+        def collect(tp, recs) -> None:
+            values[tp.partition].extend(r.value for r in recs)  # None: counted "empty"
+
+        read_to_end(consumer, tps, collect, timeout_s=max(0.0, deadline - time.monotonic()),
+                    poll_timeout_ms=200, on_timeout=lambda: AggregatorError(
+                        f"could not read {topic!r} to its end in {timeout_s:g} s"))
     finally:
         consumer.close()
     ordered = [v for p in sorted(values) for v in values[p]]
@@ -172,7 +162,7 @@ def analyze_loss(rep: Replay, runtime, loss, fields: Sequence[str], *, method: s
     Parameters
     ----------
     rep : Replay
-    runtime : aggregator.worker.PipelineRuntime
+    runtime : aggregator.plan.PipelineRuntime
     loss : mechanisms.losses.Loss
         Record columns are ``fields`` in the given order.
     fields : sequence of str
@@ -232,7 +222,6 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
     ConfigError
         If there are no reports.
     """
-    from aggregator.config import load_custom_loss
     from mechanisms import losses
     from mechanisms.estimation import dr_quantile, variance_estimate
 
@@ -265,7 +254,7 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
         return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
                             level=level)
     if kind == "custom":
-        loss = load_custom_loss(query.loss, key=f"queries.{name}.loss")
+        loss = runtime.losses[name]  # resolved once, when the config was loaded
         return analyze_loss(rep, runtime, loss, list(query.fields), method=query.estimator, name=name,
                             params=query.params, level=level)
     zil = runtime.schema.zil_mechanism() if runtime.schema.numeric_names else None

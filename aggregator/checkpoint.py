@@ -27,8 +27,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from aggregator.errors import StateError
-from ingest.kafka import CLOSE_TIMEOUT_S
+from aggregator.errors import CheckpointError, StateError
+from ingest.clients import read_to_end, reader_client
+from ingest.kafka import CLOSE_TIMEOUT_S, KafkaSettings
 
 __all__ = [
     "CHECKPOINT_MAGIC",
@@ -46,10 +47,6 @@ CHECKPOINT_MAGIC = b"LDPC"
 CHECKPOINT_VERSION = 1
 _PREFIX = struct.Struct(">4sHI")
 _MAX_HEADER = 16 * 1024 * 1024
-
-
-class CheckpointError(StateError):
-    """A state-topic record is not a valid checkpoint (bad magic, version, lengths or header)."""
 
 
 def checkpoint_key(pipeline: str, partition: int) -> bytes:
@@ -250,6 +247,10 @@ class StateTopicReader:
     ------
     aggregator.errors.AggregatorError
         From :meth:`catch_up` if the topic has no partitions or the end is not reached in time.
+
+    See Also
+    --------
+    StateTopicReader.connect : a reader with its own consumer, built from ``KafkaSettings``.
     """
 
     def __init__(self, consumer, topic: str, pipeline: str | None = None) -> None:
@@ -265,6 +266,12 @@ class StateTopicReader:
         self._tp_cls = TopicPartition
         self._tps: list = []
         self.records_read = 0
+
+    @classmethod
+    def connect(cls, settings: KafkaSettings, topic: str, pipeline: str | None = None) -> StateTopicReader:
+        """A reader of ``topic`` over a new consumer without a group
+        (:func:`ingest.clients.reader_client`: the TLS/SASL settings of ``settings``)."""
+        return cls(reader_client(settings), topic, pipeline)
 
     def _assign(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -317,28 +324,15 @@ class StateTopicReader:
             If the end is not reached within ``timeout_s`` seconds.
         """
         self._assign(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        try:
-            floor = self.consumer.end_offsets(self._tps)
-        except Exception:  # an optional lower bound only
-            floor = {}
         total = 0
-        fresh: set = set()
-        while True:
-            got = self.consumer.poll(timeout_ms=100)
-            total += sum(self._ingest(recs) for recs in got.values())
-            done = True
-            for tp in self._tps:
-                hw = self.consumer.highwater(tp)
-                if hw is not None:
-                    fresh.add(tp)
-                target = max(int(floor.get(tp) or 0), int(hw or 0))
-                if tp not in fresh or self.consumer.position(tp) < target:
-                    done = False
-            if done:
-                return total
-            if time.monotonic() > deadline:
-                raise StateError(f"could not read state topic {self.topic!r} to its end in {timeout_s}s")
+
+        def ingest(tp, recs) -> None:
+            nonlocal total
+            total += self._ingest(recs)
+
+        read_to_end(self.consumer, self._tps, ingest, timeout_s=timeout_s, on_timeout=lambda: StateError(
+            f"could not read state topic {self.topic!r} to its end in {timeout_s}s"))
+        return total
 
     def probe(self, timeout_s: float = 10.0) -> dict:
         """Ask the broker for the end offsets of the state topic's partitions: a round trip that

@@ -38,7 +38,6 @@ against it; any problem raises :class:`aggregator.errors.ConfigError` with one l
 
 from __future__ import annotations
 
-import importlib
 import logging
 import tomllib
 from pathlib import Path
@@ -54,6 +53,7 @@ from pydantic import (
     model_validator,
 )
 
+from aggregator.custom_loss import load_custom_loss
 from aggregator.errors import ConfigError
 from aggregator.queries import (
     CustomQuery,
@@ -66,7 +66,7 @@ from aggregator.queries import (
     query_fields,
 )
 from ingest._model import StrictModel as _Frozen  # strict, as the queries
-from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX
+from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX, KafkaSettings
 
 #: ``[worker] malloc_trim_threshold_mib`` bounds: what ``ingest.kafka.keep_freed_memory`` accepts.
 _TRIM_MIB = (MMAP_THRESHOLD_MAX >> 20, TRIM_THRESHOLD_MAX >> 20)
@@ -77,6 +77,7 @@ __all__ = [
     "ServeSection",
     "TopicsSection",
     "WorkerSection",
+    "kafka_settings",
     "load_custom_loss",
     "validate_queries",
 ]
@@ -181,15 +182,17 @@ class PipelineConfig(_Frozen):
     Attributes
     ----------
     pipeline : PipelineSection
-    kafka : ingest.kafka.KafkaSettings or dict
+    kafka : ingest.kafka.KafkaSettings
         Client settings (``bootstrap_servers``, ``security_protocol``, ``sasl_*``, ``ssl_*``);
-        a ``KafkaSettings`` when :mod:`ingest.kafka` provides it, else the raw mapping;
         ``bootstrap_servers`` defaults to :data:`DEFAULT_BOOTSTRAP` (127.0.0.1:9092).
     topics, worker, serve : sections
     queries : tuple of Query
         Names are unique.
     source_path : Path or None
         The file the config was loaded from.
+    losses : dict str → loss
+        The loss object of each custom query (property), imported once when the config is
+        loaded.
 
     Raises
     ------
@@ -198,7 +201,7 @@ class PipelineConfig(_Frozen):
     """
 
     pipeline: PipelineSection
-    kafka: Any = Field(default_factory=dict)
+    kafka: KafkaSettings = Field(default_factory=lambda: KafkaSettings(bootstrap_servers=DEFAULT_BOOTSTRAP))
     topics: TopicsSection = TopicsSection()
     worker: WorkerSection = WorkerSection()
     serve: ServeSection = ServeSection()
@@ -206,6 +209,7 @@ class PipelineConfig(_Frozen):
     source_path: Path | None = Field(default=None, strict=False)
 
     _schema: Any = PrivateAttr(default=None)
+    _losses: dict | None = PrivateAttr(default=None)
 
     @field_validator("queries")
     @classmethod
@@ -293,7 +297,7 @@ class PipelineConfig(_Frozen):
             if not isinstance(q, dict):
                 raise ConfigError(f"queries[{i}]: must be a table")
             parsed.append(parse_query(q))
-        kafka = _kafka_settings(data.pop("kafka", {}))
+        kafka = kafka_settings(data.pop("kafka", {}))
         try:
             cfg = cls.model_validate({**data, "kafka": kafka, "queries": tuple(parsed),
                                       "source_path": source_path})
@@ -305,7 +309,7 @@ class PipelineConfig(_Frozen):
             cfg = cfg.model_copy(update={"pipeline": section})
         if validate:
             cfg._schema = cfg.load_schema()
-            validate_queries(cfg.queries, cfg._schema)
+            cfg._losses = validate_queries(cfg.queries, cfg._schema)
         return cfg
 
     # ------------------------------------------------------------------ accessors
@@ -321,6 +325,22 @@ class PipelineConfig(_Frozen):
             self._schema = self.load_schema()
         return self._schema
 
+    @property
+    def losses(self) -> dict:
+        """The loss object of each custom query by query name, imported once (when the config is
+        loaded and validated, else on first access): building or restoring states never imports
+        user code again.
+
+        Raises
+        ------
+        ConfigError
+            If a custom loss cannot be imported (``queries.<name>.loss: …``).
+        """
+        if self._losses is None:
+            self._losses = {q.name: load_custom_loss(q.loss, key=f"queries.{q.name}.loss")
+                            for q in self.queries if isinstance(q, CustomQuery)}
+        return dict(self._losses)
+
     def load_schema(self):
         """Load ``[pipeline] schema``.
 
@@ -329,10 +349,8 @@ class PipelineConfig(_Frozen):
         ConfigError
             If the file is missing or is not a valid schema (``pipeline.schema: …``).
         """
-        try:
-            from ingest.schema import TelemetrySchema
-        except ImportError as exc:  # pragma: no cover - only while ingest.schema is being written
-            raise ConfigError(f"pipeline.schema: ingest.schema is not available ({exc})") from None
+        from ingest.schema import TelemetrySchema
+
         path = self.pipeline.schema_path
         if not path.exists():
             raise ConfigError(f"pipeline.schema: file not found: {str(path)!r}")
@@ -377,19 +395,33 @@ class PipelineConfig(_Frozen):
         raise ConfigError(f"queries: no query named {name!r} (have {[q.name for q in self.queries]})")
 
 
-def _kafka_settings(raw: Any):
+def kafka_settings(raw: Any, *, base: KafkaSettings | None = None) -> KafkaSettings:
+    """Build :class:`ingest.kafka.KafkaSettings` from a ``[kafka]`` table (the pipeline config's,
+    or ``ldp-stream produce --kafka-config FILE``'s), its scalar values checked strictly
+    (:func:`check_kafka_types`).
+
+    Parameters
+    ----------
+    raw : dict
+        The table's keys and values as read from TOML.
+    base : KafkaSettings or None
+        Settings that ``raw``'s keys override; ``None``: ``bootstrap_servers`` defaults to
+        :data:`DEFAULT_BOOTSTRAP`.
+
+    Raises
+    ------
+    ConfigError
+        ``kafka: must be a table`` or ``kafka.<key>: <problem>``.
+    """
+    if isinstance(raw, KafkaSettings) and base is None:  # already built (from_dict of a config's dump)
+        return raw
     if not isinstance(raw, dict):
-        if hasattr(raw, "model_dump"):
-            return raw
         raise ConfigError("kafka: must be a table")
-    raw = {"bootstrap_servers": DEFAULT_BOOTSTRAP, **raw}
-    try:
-        from ingest.kafka import KafkaSettings
-    except ImportError:  # pragma: no cover - only while ingest.kafka is being written
-        return dict(raw)
     check_kafka_types(raw)
+    merged = ({**base.model_dump(), **raw} if base is not None
+              else {"bootstrap_servers": DEFAULT_BOOTSTRAP, **raw})
     try:
-        return KafkaSettings(**raw)
+        return KafkaSettings(**merged)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, prefix="kafka")) from None
     except (TypeError, ValueError) as exc:
@@ -416,8 +448,6 @@ def check_kafka_types(raw: dict) -> None:
     ConfigError
         ``kafka.<key>: must be …, got …``.
     """
-    from ingest.kafka import KafkaSettings
-
     for key, value in raw.items():
         field = KafkaSettings.model_fields.get(key)
         if field is None or field.annotation is Any or get_origin(field.annotation) in (tuple, dict):
@@ -451,63 +481,6 @@ def _categorical_names(schema) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_custom_loss(spec: str, *, key: str = "loss"):
-    """Import ``"module:callable"`` and return the loss object.
-
-    If the attribute is a class or a zero-argument factory it is called; a ready loss object
-    (one with ``value`` and ``grad``) is returned as is. Whether it fits the query's fields (their
-    number, every one noised) is :func:`check_loss_fields`' business.
-
-    The module is searched on ``sys.path`` and then in the working directory (appended, so a
-    file there never shadows an installed module): the ``ldp-stream`` script's ``sys.path``
-    does not hold the working directory, as ``python`` run from it would.
-
-    Raises
-    ------
-    ConfigError
-        ``<key>: cannot import …`` if the module or attribute is missing, importing or calling it
-        fails (``sys.exit`` included), or the object is not a loss (needs ``value`` and ``grad``).
-    """
-    mod_name, _, attr = spec.partition(":")
-    try:
-        module = _import_from_path_or_cwd(mod_name)
-    except (Exception, SystemExit) as exc:  # any import-time failure is a config problem
-        raise ConfigError(f"{key}: cannot import module {mod_name!r}: {_one_line(exc) or type(exc).__name__} "
-                          "(searched: PYTHONPATH, installed packages, the working directory)") from None
-    obj = module
-    try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise ConfigError(f"{key}: module {mod_name!r} has no attribute {attr!r}") from None
-    if not (hasattr(obj, "value") and hasattr(obj, "grad")) or isinstance(obj, type):
-        try:
-            obj = obj()
-        except (Exception, SystemExit) as exc:  # a factory that calls sys.exit ended the worker silently
-            raise ConfigError(f"{key}: calling {spec!r} failed: "
-                              f"{type(exc).__name__}: {_one_line(exc)}".rstrip(": ")) from None
-    if not (hasattr(obj, "value") and hasattr(obj, "grad")):
-        raise ConfigError(f"{key}: {spec!r} is not a loss object (needs value() and grad())")
-    return obj
-
-
-def _import_from_path_or_cwd(mod_name: str):
-    """``importlib.import_module``, retried with the working directory appended to ``sys.path``
-    when the module's top-level package is not found."""
-    import os
-    import sys
-
-    try:
-        return importlib.import_module(mod_name)
-    except ModuleNotFoundError as exc:
-        cwd = os.getcwd()
-        top = mod_name.split(".")[0]
-        if exc.name != top or cwd in sys.path or "" in sys.path:
-            raise
-        sys.path.append(cwd)
-        return importlib.import_module(mod_name)
-
-
 def _is_smooth(loss) -> bool:
     smooth = getattr(loss, "smooth", None)
     if smooth is not None:
@@ -530,6 +503,11 @@ def validate_queries(queries, schema) -> None:
     queries : iterable of Query
     schema : ingest.schema.TelemetrySchema
 
+    Returns
+    -------
+    dict str → loss
+        The imported loss object of each custom query, by query name.
+
     Raises
     ------
     ConfigError
@@ -537,6 +515,7 @@ def validate_queries(queries, schema) -> None:
     """
     numeric = _numeric_names(schema)
     categorical = _categorical_names(schema)
+    losses: dict = {}
     for q in queries:
         q = parse_query(q)
         prefix = f"queries.{q.name}"
@@ -564,7 +543,7 @@ def validate_queries(queries, schema) -> None:
                     f"constant, got {q.threshold}"
                 )
         if isinstance(q, CustomQuery):
-            loss = load_custom_loss(q.loss, key=f"{prefix}.loss")
+            loss = losses[q.name] = load_custom_loss(q.loss, key=f"{prefix}.loss")
             check_loss_fields(loss, q.fields, schema, key=f"{prefix}.fields", loss_name=q.loss,
                               estimator=q.estimator)
             if q.estimator in ("sdr", "sl") and not _is_smooth(loss):
@@ -574,6 +553,7 @@ def validate_queries(queries, schema) -> None:
                 )
         if isinstance(q, LogisticRegressionQuery) and q.threshold is not None and q.estimator != "dr":
             raise ConfigError(f"{prefix}.estimator: a thresholded label needs 'dr'")  # pragma: no cover
+    return losses
 
 
 def check_loss_fields(loss, fields, schema, *, key: str, loss_name: str, estimator: str = "dr") -> None:

@@ -42,7 +42,7 @@ def merge_checkpoints(checkpoints: Iterable[Checkpoint], runtime) -> tuple[dict,
     ----------
     checkpoints : iterable of Checkpoint
         At most one per partition (the latest); other pipelines' checkpoints are ignored.
-    runtime : aggregator.worker.PipelineRuntime
+    runtime : aggregator.plan.PipelineRuntime
         Provides ``restore_state(name, blob)``, the pipeline name and the fingerprint.
 
     Returns
@@ -102,7 +102,7 @@ class EstimateStore:
 
     Parameters
     ----------
-    runtime : aggregator.worker.PipelineRuntime
+    runtime : aggregator.plan.PipelineRuntime
         Pipeline name, fingerprint, ``restore_state`` and the schema (for ``/privacy``).
     reader : StateTopicReader or None
         Source of checkpoints (``None``: feed :meth:`set_checkpoints` by hand — tests).

@@ -9,7 +9,8 @@ settings (TLS, SASL) and the Tansu quirks of DESIGN §6 are handled in one place
 * :data:`FAST_GROUP_SETTINGS` — consumer-group timeouts for ~3 s joins (DESIGN §6).
 * :func:`ensure_topic` — idempotent topic creation that waits for metadata;
   :func:`check_topic_name` — the names Kafka accepts, checked before any connection.
-* :func:`high_watermarks` — end offsets that honour Tansu's short ``end_offsets()``.
+* :func:`high_watermarks` — end offsets that honour Tansu's short ``end_offsets()``;
+  :mod:`ingest.clients` builds every client from the settings and reads topics to their end.
 * :class:`Transport` — what :class:`ingest.producer.ReportProducer` needs from a client library;
   :class:`KafkaPythonTransport` is the default implementation.
 * :func:`close_without_leaving` — close a group consumer without sending ``LeaveGroup`` (a leave
@@ -419,10 +420,10 @@ def ensure_topic(settings: KafkaSettings | str, name: str, partitions: int,
     -----
     Idempotent and safe under races: ``TopicAlreadyExistsError`` counts as success.
     """
-
-    from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    from ingest.clients import admin_client
 
     check_topic_name(name)
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
@@ -437,7 +438,7 @@ def ensure_topic(settings: KafkaSettings | str, name: str, partitions: int,
         raise IngestError(f"no Kafka broker reachable at {s.bootstrap}")
     deadline = time.monotonic() + timeout
     try:
-        admin = KafkaAdminClient(**s.admin_config())
+        admin = admin_client(s)
     except KafkaError as exc:
         raise IngestError(f"cannot connect to Kafka at {s.bootstrap}: {exc}") from exc
     created = False
@@ -622,7 +623,7 @@ class KafkaPythonTransport:
     def __init__(self, settings: KafkaSettings | str, *, linger_s: float = 0.05,
                  delivery_timeout_s: float = 30.0, max_request_size: int = 16 * 1024 * 1024,
                  **overrides: Any) -> None:
-        from kafka import KafkaProducer
+        from ingest.clients import producer_client
 
         if not linger_s >= 0:
             raise ConfigError(f"linger_s must be >= 0 seconds, got {linger_s!r}")
@@ -633,7 +634,7 @@ class KafkaPythonTransport:
         s = KafkaSettings.coerce(settings)
         request_timeout_ms = min(s.request_timeout_ms, int(delivery_timeout_s * 1000))
         linger_ms = int(linger_s * 1000)
-        cfg = s.producer_config(
+        options = dict(
             linger_ms=linger_ms,
             # kafka-python requires delivery_timeout_ms >= linger_ms + request_timeout_ms
             delivery_timeout_ms=max(int(delivery_timeout_s * 1000), linger_ms + request_timeout_ms),
@@ -642,8 +643,7 @@ class KafkaPythonTransport:
             batch_size=max(16384, min(max_request_size, 1 << 20)),
             bootstrap_timeout_ms=min(30000, int(delivery_timeout_s * 1000)),
         )
-        cfg.update(overrides)
-        self._producer = KafkaProducer(**cfg)
+        self._producer = producer_client(s, **{**options, **overrides})
 
     def send(self, topic: str, value: bytes, key: bytes | None = None,
              partition: int | None = None) -> DeliveryFuture:

@@ -713,8 +713,7 @@ def test_kafka_security_reaches_every_worker_and_serve_client(variant, monkeypat
 
     monkeypatch.setattr(kafka, "KafkaConsumer", KafkaConsumer)
     monkeypatch.setattr(kafka, "KafkaProducer", KafkaProducer)
-    worker = worker_from_config(cfg)
-    worker._open()
+    worker_from_config(cfg).open()  # builds the consumer, checkpoint producer and state reader
     assert sorted(kind for kind, _ in made) == ["KafkaConsumer", "KafkaConsumer", "KafkaProducer"]
     # serve builds its state-topic reader from client_config (aggregator/cli/serve.py)
     made.append(("serve", client_config(cfg)))

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.analyze import analyze_loss, analyze_query, replay
     from aggregator.config import PipelineConfig, check_loss_fields, load_custom_loss
     from aggregator.errors import AggregatorError, CLIError
-    from aggregator.worker import PipelineRuntime, client_config
+    from aggregator.plan import PipelineRuntime
     from mechanisms.errors import MechanismError
 
     if (args.loss is None) != (args.fields is None):
@@ -60,13 +60,12 @@ def run(args: argparse.Namespace) -> int:
     if loss is not None:  # before the replay, which can take minutes
         check_loss_fields(loss, fields, cfg.telemetry_schema, key="--fields", loss_name=args.loss,
                           estimator=args.estimator)
-    from ingest.kafka import KafkaSettings, reachable
+    from ingest.kafka import reachable
 
     runtime = PipelineRuntime.from_config(cfg)  # its states' own checks, before any broker contact
-    settings = KafkaSettings.coerce(cfg.kafka)
-    if not reachable(settings):
-        raise CLIError(f"no Kafka broker reachable at {settings.bootstrap}")
-    rep = replay(runtime, client_config(cfg), cfg.topics.reports, timeout_s=args.timeout)
+    if not reachable(cfg.kafka):
+        raise CLIError(f"no Kafka broker reachable at {cfg.kafka.bootstrap}")
+    rep = replay(runtime, cfg.kafka, cfg.topics.reports, timeout_s=args.timeout)
     results = []
     for q in queries:  # one query that cannot be fitted (yet) must not hide the others
         try:

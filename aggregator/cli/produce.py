@@ -72,7 +72,9 @@ def _apply_config(args: argparse.Namespace):
         args.partitions = cfg.topics.partitions if args.partitions is None else args.partitions
         kafka = cfg.kafka
         if args.bootstrap_servers:
-            kafka = type(kafka)(**{**kafka.model_dump(), "bootstrap_servers": args.bootstrap_servers})
+            from aggregator.config import kafka_settings
+
+            kafka = kafka_settings({"bootstrap_servers": args.bootstrap_servers}, base=kafka)
     args.partitions = 4 if args.partitions is None else args.partitions
     given = (("--schema", args.schema), ("--bootstrap-servers", args.bootstrap_servers or kafka),
              ("--topic", args.topic))
@@ -86,7 +88,6 @@ def _settings(args: argparse.Namespace, base=None):
     import tomllib
 
     from aggregator.errors import CLIError
-    from ingest.kafka import KafkaSettings
 
     if base is not None and not args.kafka_config:
         return base
@@ -105,21 +106,16 @@ def _settings(args: argparse.Namespace, base=None):
         if "bootstrap_servers" in fields:
             raise CLIError(f"--kafka-config {args.kafka_config}: bootstrap_servers is not read from this "
                            "file; give --bootstrap-servers (or [kafka] bootstrap_servers in --config)")
-        from aggregator.config import check_kafka_types
-        from aggregator.errors import ConfigError
+    from aggregator.config import kafka_settings
+    from aggregator.errors import ConfigError
 
-        try:  # no lax coercion ("30000" → 30000), as for [kafka] in a pipeline config
-            check_kafka_types(fields)
-        except ConfigError as exc:
-            raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
-    try:
+    try:  # no lax coercion ("30000" → 30000), as for [kafka] in a pipeline config
         if base is not None:
-            return KafkaSettings(**{**base.model_dump(), **fields})
-        return KafkaSettings(bootstrap_servers=args.bootstrap_servers, **fields)
-    except ValueError as exc:
-        msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()) \
-            if hasattr(exc, "errors") else str(exc)
-        raise CLIError(f"kafka settings: {msg}") from None
+            return kafka_settings(fields, base=base)
+        return kafka_settings({"bootstrap_servers": args.bootstrap_servers, **fields})
+    except ConfigError as exc:
+        where = f"--kafka-config {args.kafka_config}: " if args.kafka_config else ""
+        raise CLIError(f"{where}{exc}") from None
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -24,13 +24,12 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    from kafka import KafkaConsumer
-
     from aggregator.checkpoint import StateTopicReader
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError
+    from aggregator.plan import PipelineRuntime
     from aggregator.serve import EstimateStore, build_app, check_bindable, run_server
-    from aggregator.worker import PipelineRuntime, client_config, ensure_topics
+    from aggregator.topics import ensure_topics
 
     if args.host is not None and not args.host.strip():
         raise CLIError("--host must be an address to bind, got ''")
@@ -47,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
         port = free_port(host)
     runtime = PipelineRuntime.from_config(cfg)
     ensure_topics(cfg)
-    kcfg = client_config(cfg)
-    reader = StateTopicReader(KafkaConsumer(**kcfg, group_id=None, enable_auto_commit=False,
-                                            auto_offset_reset="earliest"),
-                              cfg.topics.state, runtime.name)
+    reader = StateTopicReader.connect(cfg.kafka, cfg.topics.state, runtime.name)
     store = EstimateStore(runtime, reader, refresh_interval_s=cfg.serve.refresh_interval_s,
                           stale_after_s=cfg.serve.stale_after_s).start()
     try:

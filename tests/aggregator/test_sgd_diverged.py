@@ -122,10 +122,10 @@ def test_the_worker_goes_on_and_the_other_queries_estimate(overlap, caplog):
             'sgd = { step0 = 1000.0, burn_in = 10, batch_size = 16 }\n')
     runtime = PipelineRuntime.from_config(PipelineConfig.from_dict(tomllib.loads(text)))
     records = ps.make_records(runtime.schema, n_records=12, per_record=100, seed=5)
-    w = make_worker(runtime, overlap=overlap)
-    n = _run_on(w, FakeConsumer(_polls(records, [4, 4, 4])), max_reports=1200)
+    w = make_worker(runtime, overlap=overlap, consumer=FakeConsumer(_polls(records, [4, 4, 4])))
+    n = _run_on(w, max_reports=1200)
     assert n == w.processed_reports == 1200 and not w.final_checkpoint_failed
-    ck = Checkpoint.from_bytes(w._producer.sent[-1][2])
+    ck = Checkpoint.from_bytes(w.producer.sent[-1][2])
     assert ck.next_offset == 12 and ck.reports == 1200
     states = {name: runtime.restore_state(name, data) for name, data in ck.states.items()}
     assert states["lin"].diverged is not None and states["lin"].n == 1200

@@ -12,7 +12,7 @@ from aggregator.checkpoint import Checkpoint, CheckpointError, checkpoint_key, p
 from aggregator.config import PipelineConfig
 from aggregator.errors import ConfigError
 from aggregator.metrics import METRIC_NAMES, ServeMetrics, WorkerMetrics
-from aggregator.worker import PartitionState, PipelineRuntime, Worker, concat_batches
+from aggregator.worker import KafkaClients, PartitionState, PipelineRuntime, Worker, concat_batches
 from tests.integration import pipeline_support as ps
 
 
@@ -62,10 +62,13 @@ def rec(offset, value, partition=0):
     return types.SimpleNamespace(topic="reports", partition=partition, offset=offset, key=None, value=value)
 
 
-def make_worker(runtime, **kw):
-    w = Worker(runtime, {"bootstrap_servers": "127.0.0.1:9"}, reports_topic="reports", state_topic="state",
-               dead_letter_topic="dlq", group_id="g", **kw)
-    w._producer = FakeProducer()
+def make_worker(runtime, producer=None, consumer=None, **kw):
+    """A worker over fake clients (``FakeProducer``, ``FakeConsumer`` without records) that owns
+    partition 0, restored empty."""
+    clients = KafkaClients(FakeConsumer([]) if consumer is None else consumer,
+                           FakeProducer() if producer is None else producer)
+    w = Worker(runtime, lambda: clients, reports_topic="reports", state_topic="state",
+               dead_letter_topic="dlq", group_id="g", **kw).open()
     w.owned[0] = PartitionState(0, 0, runtime.new_states())
     return w
 
@@ -91,16 +94,16 @@ def test_checkpoint_roundtrip_and_errors():
 def test_process_skips_duplicates_and_dead_letters(runtime, records):
     w = make_worker(runtime)
     good = [rec(i, r) for i, r in enumerate(records[:5])]
-    assert w._process(0, good) == 5 * 7
+    assert w.process(0, good) == 5 * 7
     # replayed records are duplicates; a malformed and an oversized one go to the dead-letter topic
-    w.max_record_bytes = max(len(r) for r in records) + 10
+    w.folder.max_record_bytes = max(len(r) for r in records) + 10
     batch = [rec(3, records[3]), rec(4, records[4]), rec(5, b"garbage"), rec(6, records[6][:-3]),
-             rec(7, b"\x00" * (w.max_record_bytes + 1)), rec(8, records[8])]
-    assert w._process(0, batch) == 7
-    reasons = [h["reason"].decode() for _, _, _, h in w._producer.sent]
+             rec(7, b"\x00" * (w.folder.max_record_bytes + 1)), rec(8, records[8])]
+    assert w.process(0, batch) == 7
+    reasons = [h["reason"].decode() for _, _, _, h in w.producer.sent]
     assert reasons[2] == "oversized" and len(reasons) == 3
     assert all(r for r in reasons[:2])
-    topic, _, value, headers = w._producer.sent[0]
+    topic, _, value, headers = w.producer.sent[0]
     assert topic == "dlq" and value == b"garbage" and headers["source_offset"] == b"5"
     ps_ = w.owned[0]
     assert ps_.next_offset == 9 and ps_.reports == 6 * 7 and ps_.records == 6
@@ -116,20 +119,22 @@ def test_contiguous_poll_takes_the_batched_path_and_falls_back_on_a_bad_record(r
     empty, oversized or undecodable record among good ones falls back to it: each bad record is
     dead-lettered with its reason and the good ones are folded as if the bad ones were absent."""
     w = make_worker(runtime)
-    w.max_record_bytes = max(len(r) for r in records) + 10
+    w.folder.max_record_bytes = max(len(r) for r in records) + 10
     slow = []
-    real_fold = w._fold
-    monkeypatch.setattr(w, "_fold", lambda ps_, todo: slow.append(len(todo)) or real_fold(ps_, todo))
-    assert w._process(0, [rec(i, r) for i, r in enumerate(records[:4])]) == 4 * 7
+    real_fold = w.folder.fold_records
+    monkeypatch.setattr(w.folder, "fold_records",
+                        lambda ps_, todo: slow.append(len(todo)) or real_fold(ps_, todo))
+    assert w.process(0, [rec(i, r) for i, r in enumerate(records[:4])]) == 4 * 7
     assert slow == []
-    bad = [rec(4, records[4]), rec(5, None), rec(6, records[5]), rec(7, b"\x00" * (w.max_record_bytes + 1)),
-           rec(8, records[6][:-1]), rec(9, records[7])]
-    assert w._process(0, bad) == 3 * 7
+    big = b"\x00" * (w.folder.max_record_bytes + 1)
+    bad = [rec(4, records[4]), rec(5, None), rec(6, records[5]), rec(7, big), rec(8, records[6][:-1]),
+           rec(9, records[7])]
+    assert w.process(0, bad) == 3 * 7
     assert slow == [6]
-    assert [h["reason"].decode() for *_, h in w._producer.sent] == ["empty", "oversized", "truncated"]
-    assert [h["source_offset"] for *_, h in w._producer.sent] == [b"5", b"7", b"8"]
+    assert [h["reason"].decode() for *_, h in w.producer.sent] == ["empty", "oversized", "truncated"]
+    assert [h["source_offset"] for *_, h in w.producer.sent] == [b"5", b"7", b"8"]
     assert w.owned[0].next_offset == 10 and w.owned[0].records == 7
-    w._drain()
+    w.threads.drain()
     want = ps.reference_pass(runtime, {0: [*records[:6], records[7]]})
     for name, st in want.items():  # same reports (batched differently: equal to rounding)
         got = w.owned[0].states[name]
@@ -139,7 +144,7 @@ def test_contiguous_poll_takes_the_batched_path_and_falls_back_on_a_bad_record(r
 
 def test_offset_gap_counted(runtime, records):
     w = make_worker(runtime)
-    w._process(0, [rec(0, records[0]), rec(5, records[1])])
+    w.process(0, [rec(0, records[0]), rec(5, records[1])])
     assert w.owned[0].next_offset == 6
     text = w.metrics.exposition().decode()
     assert ps.metric_value(text, "ldp_offset_gap_records_total", 'partition="0"') == 4
@@ -148,9 +153,9 @@ def test_offset_gap_counted(runtime, records):
 def test_coalesced_updates_match_record_by_record(runtime, records):
     a, b = make_worker(runtime, coalesce=True), make_worker(runtime, coalesce=False)
     recs = [rec(i, r) for i, r in enumerate(records)]
-    a._process(0, recs[:4])
-    a._process(0, recs[4:])
-    b._process(0, recs)
+    a.process(0, recs[:4])
+    a.process(0, recs[4:])
+    b.process(0, recs)
     want = ps.reference_pass(runtime, {0: records})
     for name, st in want.items():
         for w in (a, b):
@@ -163,7 +168,7 @@ def test_coalesced_updates_match_record_by_record(runtime, records):
 
 def test_checkpoint_restore_is_lossless(runtime, records):
     w = make_worker(runtime)
-    w._process(0, [rec(i, r) for i, r in enumerate(records)])
+    w.process(0, [rec(i, r) for i, r in enumerate(records)])
     ck = Checkpoint.from_bytes(w.owned[0].to_checkpoint(runtime).to_bytes())
     assert ck.next_offset == len(records) and ck.reports == len(records) * 7
     for name, blob in ck.states.items():
@@ -175,15 +180,14 @@ def test_failed_checkpoint_send_keeps_state_dirty_and_commits_nothing(runtime, r
     futures, keep the partition dirty and not move the group offsets."""
     from kafka.errors import KafkaTimeoutError
 
-    w = make_worker(runtime)
-    w._producer = FakeProducer(error=KafkaTimeoutError("broker gone"))
     commits = []
-    w._consumer = types.SimpleNamespace(commit=lambda offsets: commits.append(offsets))
-    w._process(0, [rec(i, r) for i, r in enumerate(records)])
+    w = make_worker(runtime, producer=FakeProducer(error=KafkaTimeoutError("broker gone")),
+                    consumer=types.SimpleNamespace(commit=lambda offsets: commits.append(offsets)))
+    w.process(0, [rec(i, r) for i, r in enumerate(records)])
     with pytest.raises(KafkaTimeoutError):
         w.checkpoint()
     assert w.owned[0].dirty and commits == []
-    w._producer = FakeProducer()
+    w.producer.error = None  # the broker is back
     assert w.checkpoint() == 1
     assert not w.owned[0].dirty and len(commits) == 1
 
@@ -212,7 +216,7 @@ def test_worker_parameter_validation(runtime, kw, match):
     args = {"reports_topic": "reports", "state_topic": "state", "dead_letter_topic": "dlq", "group_id": "g"}
     args.update(kw)
     with pytest.raises(ConfigError, match=match):
-        Worker(runtime, {"bootstrap_servers": "127.0.0.1:9"}, **args)
+        Worker(runtime, lambda: KafkaClients(FakeConsumer([]), FakeProducer()), **args)
 
 
 def test_metric_names_registered():
@@ -239,9 +243,7 @@ def test_doubling_is_zil_double_with_the_records_draws(runtime, records):
 
 
 def _with_update_thread(w):
-    from concurrent.futures import ThreadPoolExecutor
-
-    w._updater = ThreadPoolExecutor(max_workers=1)
+    w.threads.start()
     return w
 
 
@@ -249,13 +251,13 @@ def test_updates_on_the_update_thread_equal_inline_updates(runtime, records):
     inline, bg = make_worker(runtime), _with_update_thread(make_worker(runtime, overlap=True))
     recs = [rec(i, r) for i, r in enumerate(records)]
     for w in (inline, bg):
-        w._process(0, recs[:5])
-        w._process(0, recs[5:])
+        w.process(0, recs[:5])
+        w.process(0, recs[5:])
         assert w.checkpoint(force=True) == 1
-    (_, _, a, _), (_, _, b, _) = inline._producer.sent[-1], bg._producer.sent[-1]
+    (_, _, a, _), (_, _, b, _) = inline.producer.sent[-1], bg.producer.sent[-1]
     ca, cb = Checkpoint.from_bytes(a), Checkpoint.from_bytes(b)
     assert ca.states == cb.states and ca.next_offset == cb.next_offset == len(records)
-    bg._updater.shutdown()
+    bg.threads.shutdown()
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -265,9 +267,9 @@ def test_a_failed_update_stops_checkpoints(runtime, records, overlap, caplog):
     w = make_worker(runtime, overlap=overlap)
     if overlap:
         _with_update_thread(w)
-    w._process(0, [rec(0, records[0])])
+    w.process(0, [rec(0, records[0])])
     assert w.checkpoint(force=True) == 1
-    sent = len(w._producer.sent)
+    sent = len(w.producer.sent)
     st = next(iter(w.owned[0].states.values()))
 
     def boom(batch, x2):
@@ -275,18 +277,18 @@ def test_a_failed_update_stops_checkpoints(runtime, records, overlap, caplog):
 
     st.update = boom
     if overlap:
-        w._process(0, [rec(1, records[1])])  # submitted; the failure surfaces at the next wait
+        w.process(0, [rec(1, records[1])])  # submitted; the failure surfaces at the next wait
         with pytest.raises(RuntimeError, match="state update failed"):
             w.checkpoint(force=True)
     else:
         with pytest.raises(RuntimeError, match="state update failed"):
-            w._process(0, [rec(1, records[1])])
+            w.process(0, [rec(1, records[1])])
     with pytest.raises(Exception, match="state update failed"):
         w.checkpoint(force=True)
     with pytest.raises(RuntimeError):
-        w._process(0, [rec(2, records[2])])
-    w._shutdown()
-    assert len(w._producer.sent) == sent  # nothing published after the failure
+        w.process(0, [rec(2, records[2])])
+    w.shutdown()
+    assert len(w.producer.sent) == sent  # nothing published after the failure
     assert "no final checkpoint" in caplog.text
 
 
@@ -308,23 +310,21 @@ class FakeConsumer:
         time.sleep(0.005)
         return {}
 
+    def subscribe(self, topics, listener=None):
+        self.subscribed = (list(topics), listener)
+
     def highwater(self, tp):
         return None
 
     def commit(self, offsets):
         self.commits.append(offsets)
 
-    def close(self):
+    def close(self, autocommit=True, timeout_ms=None):
         pass
 
 
-def _run_on(w, consumer, max_reports):
-    """``w.run`` with ``consumer`` instead of a broker (the rest of ``_open`` as in a real start)."""
-    def open_():
-        w._start_threads()
-        w._consumer = consumer
-
-    w._open = open_
+def _run_on(w, max_reports):
+    """``w.run`` over the worker's fake consumer."""
     return w.run(max_reports=max_reports)
 
 
@@ -342,26 +342,25 @@ def _inline_checkpoint(runtime, records, sizes):
     """The checkpoint of a worker without threads that folds the polls of ``_polls(records,
     sizes)`` one by one in the calling thread (the reference for the threaded runs)."""
     ref = make_worker(runtime)
-    ref._consumer = FakeConsumer([])
     for got in _polls(records, sizes):
         (recs,) = got.values()
-        ref._process(0, recs)
+        ref.process(0, recs)
     ref.checkpoint(force=True)
-    return Checkpoint.from_bytes(ref._producer.sent[-1][2])
+    return Checkpoint.from_bytes(ref.producer.sent[-1][2])
 
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_run_folds_every_poll_and_the_final_checkpoint_holds_them(runtime, records, overlap):
     """run() with the fold and update threads (overlap) ends with the same states, offsets and
     counts as everything inline in the main thread."""
-    w = make_worker(runtime, overlap=overlap)
-    n = _run_on(w, FakeConsumer(_polls(records, [3, 4, 5])), max_reports=12 * 7)
+    w = make_worker(runtime, overlap=overlap, consumer=FakeConsumer(_polls(records, [3, 4, 5])))
+    n = _run_on(w, max_reports=12 * 7)
     assert n == w.processed_reports == 12 * 7 and w.processed_records == 12
-    ck = Checkpoint.from_bytes(w._producer.sent[-1][2])
+    ck = Checkpoint.from_bytes(w.producer.sent[-1][2])
     want = _inline_checkpoint(runtime, records, [3, 4, 5])
     assert ck.next_offset == want.next_offset == 12 and ck.reports == want.reports
     assert ck.states == want.states
-    assert w._folder is None and w._updater is None  # both threads shut down
+    assert w.threads.folder is None and w.threads.updater is None  # both threads shut down
 
 
 def test_the_main_thread_polls_again_while_the_previous_poll_is_folded(runtime, records):
@@ -370,8 +369,9 @@ def test_the_main_thread_polls_again_while_the_previous_poll_is_folded(runtime, 
     import threading
 
     second_poll = threading.Event()
-    w = make_worker(runtime, overlap=True)
-    inner = w._process
+    consumer = FakeConsumer(_polls(records, [6, 6]), on_poll=lambda k: k == 2 and second_poll.set())
+    w = make_worker(runtime, overlap=True, consumer=consumer)
+    inner = w.process
     seen = []
 
     def process(partition, recs):
@@ -379,9 +379,8 @@ def test_the_main_thread_polls_again_while_the_previous_poll_is_folded(runtime, 
             seen.append(second_poll.wait(timeout=10))
         return inner(partition, recs)
 
-    w._process = process
-    consumer = FakeConsumer(_polls(records, [6, 6]), on_poll=lambda k: k == 2 and second_poll.set())
-    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
+    w.process = process
+    assert _run_on(w, max_reports=12 * 7) == 12 * 7
     assert seen == [True]
 
 
@@ -437,25 +436,25 @@ def test_checkpoints_due_in_run_are_sent_by_the_update_thread_and_committed_once
     class Consumer(FakeConsumer):
         def commit(self, offsets):
             (om,) = offsets.values()
-            acked = {o for f, _, o in w._producer.pending if f.is_done}
+            acked = {o for f, _, o in w.producer.pending if f.is_done}
             commits.append((threading.current_thread().name, om.offset, om.offset in acked))
             super().commit(offsets)
 
     commits, shutting = [], []
-    w = make_worker(runtime, overlap=True, checkpoint_reports=14)  # due after every 2 records
-    w._producer = AckLaterProducer()
-    inner_shutdown = w._shutdown
-    w._shutdown = lambda: (shutting.append(1), inner_shutdown())
-    consumer = Consumer(_polls(records, [2] * 6), on_poll=lambda calls: w._producer.ack(calls))
-    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
-    background = w._producer.threads[:-1]  # the last one is the final checkpoint's (main thread)
+    consumer = Consumer(_polls(records, [2] * 6), on_poll=lambda calls: w.producer.ack(calls))
+    w = make_worker(runtime, overlap=True, checkpoint_reports=14,  # due after every 2 records
+                    producer=AckLaterProducer(), consumer=consumer)
+    inner_shutdown = w.shutdown
+    w.shutdown = lambda: (shutting.append(1), inner_shutdown())
+    assert _run_on(w, max_reports=12 * 7) == 12 * 7
+    background = w.producer.threads[:-1]  # the last one is the final checkpoint's (main thread)
     assert background and all(name.startswith("ldp-update") for name in background)
     assert len(commits) >= 2 and all(name == "MainThread" and acked for name, _, acked in commits)
     # only the final checkpoint (and the one on its way then) waits for the broker
-    assert w._producer.flushes and set(w._producer.flushes) == {("MainThread", True)}
+    assert w.producer.flushes and set(w.producer.flushes) == {("MainThread", True)}
     assert [o for _, _, o in commits] == sorted(o for _, _, o in commits) and commits[-1][1] == 12
     # the states sent in the background are those of an inline fold of the same polls
-    first = next(v for t, _, v, _ in w._producer.sent if t == "state")
+    first = next(v for t, _, v, _ in w.producer.sent if t == "state")
     ck = Checkpoint.from_bytes(first)
     assert ck.states == _inline_checkpoint(runtime, records, [2] * (ck.next_offset // 2)).states
     assert ck.reports == ck.next_offset * 7 and ck.records == ck.next_offset
@@ -464,13 +463,13 @@ def test_checkpoints_due_in_run_are_sent_by_the_update_thread_and_committed_once
 def test_a_broker_error_while_publishing_in_the_background_is_retried(runtime, records, caplog):
     from kafka.errors import KafkaTimeoutError
 
-    w = make_worker(runtime, overlap=True, checkpoint_reports=14)
-    w._producer = FakeProducer(error=KafkaTimeoutError("broker away"))
-    w._broker_trouble = lambda what, exc: w._producer.__setattr__("error", None)  # broker back
     consumer = FakeConsumer(_polls(records, [2] * 6))
-    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
-    assert w._failure is None
-    assert Checkpoint.from_bytes(w._producer.sent[-1][2]).next_offset == 12
+    w = make_worker(runtime, overlap=True, checkpoint_reports=14, consumer=consumer,
+                    producer=FakeProducer(error=KafkaTimeoutError("broker away")))
+    w.broker_trouble = lambda what, exc: w.producer.__setattr__("error", None)  # broker back
+    assert _run_on(w, max_reports=12 * 7) == 12 * 7
+    assert w.threads.failure is None
+    assert Checkpoint.from_bytes(w.producer.sent[-1][2]).next_offset == 12
     assert consumer.commits  # committed once the broker was back
 
 
@@ -486,14 +485,14 @@ def test_a_send_refused_before_it_leaves_is_retried_and_does_not_stop_the_worker
             return super().send(topic, key, value, headers)
 
     troubles = []
-    w = make_worker(runtime, overlap=True, checkpoint_reports=14)
-    w._producer = NoMetadataOnce()
-    w._broker_trouble = lambda what, exc: troubles.append((what, type(exc).__name__))
     consumer = FakeConsumer(_polls(records, [2] * 6))
-    assert _run_on(w, consumer, max_reports=12 * 7) == 12 * 7
-    assert troubles == [("checkpoint", "KafkaTimeoutError")] and w._failure is None
+    w = make_worker(runtime, overlap=True, checkpoint_reports=14, producer=NoMetadataOnce(),
+                    consumer=consumer)
+    w.broker_trouble = lambda what, exc: troubles.append((what, type(exc).__name__))
+    assert _run_on(w, max_reports=12 * 7) == 12 * 7
+    assert troubles == [("checkpoint", "KafkaTimeoutError")] and w.threads.failure is None
     assert consumer.commits and consumer.commits[-1][next(iter(consumer.commits[-1]))].offset == 12
-    assert Checkpoint.from_bytes(w._producer.sent[-1][2]).states == \
+    assert Checkpoint.from_bytes(w.producer.sent[-1][2]).states == \
         _inline_checkpoint(runtime, records, [2] * 6).states
 
 
@@ -509,18 +508,17 @@ def test_a_checkpoint_begun_before_a_partition_is_lost_is_not_sent_after_the_los
     from kafka import TopicPartition
 
     w = _with_update_thread(make_worker(runtime, overlap=True))
-    w._consumer = FakeConsumer([])
     gate = threading.Event()
     st = next(iter(w.owned[0].states.values()))
     inner = st.update
     st.update = lambda batch, x2: (gate.wait(10), inner(batch, x2))
-    w._process(0, [rec(i, records[i]) for i in range(2)])  # its update waits for the gate
-    w._ckpt_inflight = w._begin_checkpoint()  # queued behind that update
-    w._on_lost([TopicPartition("reports", 0)])
+    w.process(0, [rec(i, records[i]) for i in range(2)])  # its update waits for the gate
+    w.checkpoints.in_flight = w.checkpoints.begin()  # queued behind that update
+    w.on_lost([TopicPartition("reports", 0)])
     gate.set()
-    w._check_checkpoint(block=True)
-    assert _state_offsets(w._producer) == [] and w._consumer.commits == []
-    w._updater.shutdown()
+    w.checkpoints.check(block=True)
+    assert _state_offsets(w.producer) == [] and w.consumer.commits == []
+    w.threads.shutdown()
 
 
 def test_offsets_of_a_partition_revoked_while_its_checkpoint_was_on_its_way_are_not_committed(runtime,
@@ -529,27 +527,27 @@ def test_offsets_of_a_partition_revoked_while_its_checkpoint_was_on_its_way_are_
     afterwards could move the group's offset back behind the next owner's."""
     from kafka import TopicPartition
 
-    w = _with_update_thread(make_worker(runtime, overlap=True))
-    w._producer, w._consumer = _UnackedProducer(), FakeConsumer([])
-    w._process(0, [rec(i, records[i]) for i in range(2)])
-    w._ckpt_inflight = w._begin_checkpoint()
-    w._ckpt_inflight.snapshot.result(timeout=10)
-    assert not w._ckpt_inflight.acknowledged()
-    w._on_revoked([TopicPartition("reports", 0)])  # drains, publishes and flushes partition 0
-    assert w._ckpt_inflight.acknowledged()
-    w._check_checkpoint(block=False)
-    assert _state_offsets(w._producer) == [2, 2] and w._consumer.commits == []
+    w = _with_update_thread(make_worker(runtime, overlap=True, producer=_UnackedProducer()))
+    w.process(0, [rec(i, records[i]) for i in range(2)])
+    cp = w.checkpoints
+    cp.in_flight = cp.begin()
+    cp.in_flight.snapshot.result(timeout=10)
+    assert not cp.in_flight.acknowledged()
+    w.on_revoked([TopicPartition("reports", 0)])  # drains, publishes and flushes partition 0
+    assert cp.in_flight.acknowledged()
+    cp.check(block=False)
+    assert _state_offsets(w.producer) == [2, 2] and w.consumer.commits == []
     # with the partition still owned, the same sequence commits
-    w2 = _with_update_thread(make_worker(runtime, overlap=True))
-    w2._producer, w2._consumer = _UnackedProducer(), FakeConsumer([])
-    w2._process(0, [rec(i, records[i]) for i in range(2)])
-    w2._ckpt_inflight = w2._begin_checkpoint()
-    w2._ckpt_inflight.snapshot.result(timeout=10)
-    w2._producer.flush()
-    w2._check_checkpoint(block=False)
-    assert [om.offset for c in w2._consumer.commits for om in c.values()] == [2]
-    w._updater.shutdown()
-    w2._updater.shutdown()
+    w2 = _with_update_thread(make_worker(runtime, overlap=True, producer=_UnackedProducer()))
+    w2.process(0, [rec(i, records[i]) for i in range(2)])
+    cp2 = w2.checkpoints
+    cp2.in_flight = cp2.begin()
+    cp2.in_flight.snapshot.result(timeout=10)
+    w2.producer.flush()
+    cp2.check(block=False)
+    assert [om.offset for c in w2.consumer.commits for om in c.values()] == [2]
+    w.threads.shutdown()
+    w2.threads.shutdown()
 
 
 def test_a_snapshot_error_stops_the_worker_from_the_main_thread_not_the_next_fold(runtime, records):
@@ -562,17 +560,16 @@ def test_a_snapshot_error_stops_the_worker_from_the_main_thread_not_the_next_fol
                 raise ValueError("partitioner bug")
             return super().send(topic, key, value, headers)
 
-    w = _with_update_thread(make_worker(runtime, overlap=True))
-    w._producer, w._consumer = Broken(), FakeConsumer([])
-    w._process(0, [rec(i, records[i]) for i in range(2)])
-    w._ckpt_inflight = w._begin_checkpoint()
+    w = _with_update_thread(make_worker(runtime, overlap=True, producer=Broken()))
+    w.process(0, [rec(i, records[i]) for i in range(2)])
+    w.checkpoints.in_flight = w.checkpoints.begin()
     for i in range(2, 6):  # folds after it wait for the snapshot (one update in flight)
-        w._process(0, [rec(i, records[i])])
-    assert w._failure is None and w.owned[0].next_offset == 6
+        w.process(0, [rec(i, records[i])])
+    assert w.threads.failure is None and w.owned[0].next_offset == 6
     with pytest.raises(ValueError, match="partitioner bug"):
-        w._check_checkpoint(block=True)
-    assert w._consumer.commits == []
-    w._updater.shutdown()
+        w.checkpoints.check(block=True)
+    assert w.consumer.commits == []
+    w.threads.shutdown()
 
 
 def test_a_poll_capped_at_max_poll_records_is_folded_in_the_main_thread(runtime, records):
@@ -580,15 +577,16 @@ def test_a_poll_capped_at_max_poll_records_is_folded_in_the_main_thread(runtime,
     poll below the cap goes to the fold thread."""
     import threading
 
-    w = make_worker(runtime, overlap=True, max_poll_records=4)
-    inner, threads = w._process, []
+    w = make_worker(runtime, overlap=True, max_poll_records=4,
+                    consumer=FakeConsumer(_polls(records, [4, 3, 4, 1])))
+    inner, threads = w.process, []
 
     def process(partition, recs):
         threads.append((len(recs), threading.current_thread().name))
         return inner(partition, recs)
 
-    w._process = process
-    assert _run_on(w, FakeConsumer(_polls(records, [4, 3, 4, 1])), max_reports=12 * 7) == 12 * 7
+    w.process = process
+    assert _run_on(w, max_reports=12 * 7) == 12 * 7
     assert [n for n, _ in threads] == [4, 3, 4, 1]
     assert [name == "MainThread" for _, name in threads] == [True, False, True, False]
     assert all(name.startswith("ldp-fold") for n, name in threads if n < 4)
@@ -610,21 +608,21 @@ def test_a_failed_fold_is_recorded_before_the_lock_is_released(runtime, records)
             return self.inner.__enter__()
 
         def __exit__(self, *exc):
-            failure_at_release.append(w._failure is not None)
+            failure_at_release.append(w.threads.failure is not None)
             return self.inner.__exit__(*exc)
 
-    w._lock = Lock()
+    w.lock = Lock()
 
     def boom(partition, recs):
         w.owned[0].next_offset += len(recs)  # offsets moved, then the fold fails
         raise RuntimeError("fold failed")
 
-    w._process = boom
+    w.process = boom
     with pytest.raises(RuntimeError, match="fold failed"):
-        w._fold_poll_locked(_polls(records, [2])[0])
+        w.fold_poll(_polls(records, [2])[0])
     assert failure_at_release == [True]
-    w._on_revoked([next(iter(_polls(records, [1])[0]))])  # the callback that got the lock next
-    assert w._producer.sent == []
+    w.on_revoked([next(iter(_polls(records, [1])[0]))])  # the callback that got the lock next
+    assert w.producer.sent == []
 
 
 def test_an_idle_worker_commits_a_checkpoint_published_in_the_background(runtime, records):
@@ -632,9 +630,10 @@ def test_an_idle_worker_commits_a_checkpoint_published_in_the_background(runtime
     record arrives (the main loop collects finished fold-thread tasks on every turn)."""
     import threading
 
-    w = make_worker(runtime, overlap=True, checkpoint_reports=28)  # due once 4 records are in
     consumer = FakeConsumer(_polls(records, [2, 2]))
-    t = threading.Thread(target=_run_on, args=(w, consumer, None))
+    w = make_worker(runtime, overlap=True, checkpoint_reports=28,  # due once 4 records are in
+                    consumer=consumer)
+    t = threading.Thread(target=_run_on, args=(w, None))
     t.start()
     try:
         deadline = time.monotonic() + 10
@@ -649,15 +648,15 @@ def test_an_idle_worker_commits_a_checkpoint_published_in_the_background(runtime
 
 
 def test_a_failed_fold_stops_the_worker_without_a_checkpoint(runtime, records, caplog):
-    w = make_worker(runtime, overlap=True)
+    w = make_worker(runtime, overlap=True, consumer=FakeConsumer(_polls(records, [2, 2, 2])))
 
     def boom(partition, recs):
         raise RuntimeError("fold failed")
 
-    w._process = boom
+    w.process = boom
     with pytest.raises(RuntimeError, match="fold failed"):
-        _run_on(w, FakeConsumer(_polls(records, [2, 2, 2])), max_reports=12 * 7)
-    assert w._producer.sent == []  # offsets moved past records that are in no state
+        _run_on(w, max_reports=12 * 7)
+    assert w.producer.sent == []  # offsets moved past records that are in no state
     assert "no final checkpoint" in caplog.text
 
 
@@ -707,17 +706,16 @@ def test_a_worker_stopped_during_a_join_closes_without_leave_group(runtime, even
     LeaveGroup (docs/kafka.md); with an assignment in force it closes normally."""
     from kafka import TopicPartition
 
-    w = make_worker(runtime)
-    w.owned.clear()
     consumer = _GroupConsumer()
-    w._consumer = consumer
+    w = make_worker(runtime, consumer=consumer)
+    w.owned.clear()
     consumer.pause = lambda *tps: None
     tp = TopicPartition("reports", 0)
     for ev in events:
-        {"assigned": w._on_assigned, "revoked": w._on_revoked, "lost": w._on_lost}[ev]([tp])
+        {"assigned": w.on_assigned, "revoked": w.on_revoked, "lost": w.on_lost}[ev]([tp])
         if ev == "assigned":
-            w._pending.clear()
-    w._shutdown()
+            w.pending.clear()
+    w.shutdown()
     assert consumer._coordinator.resets == (0 if leaves else 1)
     assert consumer.closed == ([True] if leaves else [False])
 
@@ -741,17 +739,16 @@ def test_shutdown_closes_the_clients_within_a_limit_and_flags_a_failed_final_che
 
     from ingest.kafka import CLOSE_TIMEOUT_S
 
-    w = make_worker(runtime)
-    w._producer = _ClosingProducer(error=RuntimeError("broker hung") if fail else None)
-    w._process(0, [rec(0, records[0])])
     consumer = _GroupConsumer()
     consumer.close = lambda autocommit=True, timeout_ms=None: consumer.closed.append(timeout_ms)
     consumer.pause = lambda *tps: None
-    w._consumer = consumer
-    w._on_assigned([TopicPartition("reports", 0)])
-    w._pending.clear()
-    w._shutdown()
-    assert w._producer.closed == [CLOSE_TIMEOUT_S]
+    w = make_worker(runtime, consumer=consumer,
+                    producer=_ClosingProducer(error=RuntimeError("broker hung") if fail else None))
+    w.process(0, [rec(0, records[0])])
+    w.on_assigned([TopicPartition("reports", 0)])
+    w.pending.clear()
+    w.shutdown()
+    assert w.producer.closed == [CLOSE_TIMEOUT_S]
     assert consumer.closed == [int(CLOSE_TIMEOUT_S * 1000)]
     assert w.final_checkpoint_failed is fail
 
@@ -761,20 +758,18 @@ def test_shutdown_remembers_the_partitions_owned_before_leaving(runtime, records
     stop; ``owned_at_stop`` keeps what the worker owned when its loop ended (the CLI prints it)."""
     from kafka import TopicPartition
 
-    w = make_worker(runtime)
-    w._producer = _ClosingProducer()
     consumer = _GroupConsumer()
     consumer.pause = lambda *tps: None
     tps = [TopicPartition("reports", p) for p in (0, 2)]
+    w = make_worker(runtime, consumer=consumer, producer=_ClosingProducer())
 
     def close(autocommit=True, timeout_ms=None):
-        w._on_revoked(tps)  # what kafka-python's close() does before LeaveGroup
+        w.on_revoked(tps)  # what kafka-python's close() does before LeaveGroup
         consumer.closed.append(timeout_ms)
 
     consumer.close = close
-    w._consumer = consumer
-    w._on_assigned(tps)  # the assignment is in force (LeaveGroup on close) …
-    w._pending.clear()
+    w.on_assigned(tps)  # the assignment is in force (LeaveGroup on close) …
+    w.pending.clear()
     w.owned[2] = PartitionState(2, 0, runtime.new_states())  # … and both partitions restored
-    w._shutdown()
+    w.shutdown()
     assert w.owned == {} and w.owned_at_stop == [0, 2]

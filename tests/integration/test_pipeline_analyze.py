@@ -11,7 +11,7 @@ from scipy import stats
 from aggregator.analyze import analyze_query, replay
 from aggregator.cli import main
 from aggregator.config import PipelineConfig
-from aggregator.worker import PipelineRuntime, client_config, ensure_topics
+from aggregator.worker import PipelineRuntime, ensure_topics
 from tests.integration import pipeline_support as ps
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -29,7 +29,7 @@ def test_analyze_replays_topic_and_fits(tmp_path, bootstrap_servers, topic_name,
     with_key = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
     with_key.send(cfg.topics.reports, key=b"k", value=None, partition=0).get(10)  # no value
     with_key.close()
-    rep = replay(runtime, client_config(cfg), cfg.topics.reports, timeout_s=60)
+    rep = replay(runtime, cfg.kafka, cfg.topics.reports, timeout_s=60)
     # a record without a value is counted as the worker dead-letters it ("empty"), not dropped
     assert rep.n == 6000 and rep.records == 60
     assert rep.skipped == {"bad_magic": 1, "empty": 1}

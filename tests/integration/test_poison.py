@@ -255,12 +255,10 @@ def test_oversized_record_dead_letter_is_truncated_not_fatal(tmp_path):
     restart — a poison pill)."""
     from types import SimpleNamespace
 
-    from aggregator.worker import Worker
+    from aggregator.worker import KafkaClients, Worker
 
     cfg_runtime = PipelineRuntime.from_config(PipelineConfig.load(ps.write_config(
         tmp_path, "127.0.0.1:9", lambda prefix="t": f"{prefix}-unit")))
-    w = Worker(cfg_runtime, {"bootstrap_servers": "127.0.0.1:9"}, reports_topic="r", state_topic="s",
-               dead_letter_topic="d", group_id="g", max_record_bytes=1000)
     sent = []
 
     class Producer:
@@ -269,10 +267,12 @@ def test_oversized_record_dead_letter_is_truncated_not_fatal(tmp_path):
                 raise AssertionError("would raise MessageSizeTooLargeError")
             sent.append((topic, value, dict(headers)))
 
-    w._producer = Producer()
+    w = Worker(cfg_runtime, lambda: KafkaClients(consumer=SimpleNamespace(), producer=Producer()),
+               reports_topic="r", state_topic="s", dead_letter_topic="d", group_id="g",
+               max_record_bytes=1000).open()
     big = bytes(range(256)) * 4096  # 1 MiB
-    w._dead_letter(SimpleNamespace(topic="r", partition=2, offset=7, key=None, value=big), "oversized")
-    w._dead_letter(SimpleNamespace(topic="r", partition=2, offset=8, key=b"k", value=None), "empty")
+    w.folder.dead_letter(SimpleNamespace(topic="r", partition=2, offset=7, key=None, value=big), "oversized")
+    w.folder.dead_letter(SimpleNamespace(topic="r", partition=2, offset=8, key=b"k", value=None), "empty")
     (t1, v1, h1), (t2, v2, h2) = sent
     assert t1 == t2 == "d"
     assert v1 == big[:1000] and h1["truncated_from"] == str(len(big)).encode()
