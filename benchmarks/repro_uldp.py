@@ -11,7 +11,7 @@ one fixed data set instead leaves out the sampling variance of x, and uRR at ε 
 below the theory), privatizes them once per mechanism and ε and estimates p with
 ``empirical`` / ``threshold`` / ``em`` (``mechanisms.uldp``); the l1 loss ‖p̂ − p‖₁ and the squared
 l2 loss ‖p̂ − p‖₂² are averaged over replications and compared with the theory of the empirical
-estimator (``expected_l1`` / ``expected_l2``, DESIGN §3).
+estimator (``expected_l1`` / ``expected_l2``, docs/frequency.md §5).
 
 Mechanisms: uRAP, uRR (ULDP) against RAPPOR (symmetric, θ = e^{ε/2}/(e^{ε/2}+1)) and k-RR. uRAP, uRR
 and RR reports are drawn with their ``privatize``; RAPPOR's per-bit counts are drawn exactly from

@@ -216,7 +216,7 @@ class SmoothedCheckRegressionLoss(QuantileRegressionLoss):
 
     ``ρ_h(r) = E ρ_τ(r + hU) = r(τ − Φ(−r/h)) + h φ(r/h)``, U ~ N(0, 1): twice differentiable,
     ``ρ_h'' = φ(r/h)/h``, so the SL correction ``ℓ − (λ²/2)Δₓℓ = ρ_h(r) − (λ²/2)‖β_noised‖² φ(r/h)/h``
-    removes the SL(λ²) noise of X̃₂ exactly (DESIGN §2, SL corrected loss); the estimate targets the
+    removes the SL(λ²) noise of X̃₂ exactly (docs/mechanisms.md §2.4); the estimate targets the
     minimiser of ``E ρ_h(Y − Xᵀβ)``, which equals the median regression for errors symmetric about
     0 (as in §7.3). Used with ``m_estimate(..., method="sl")`` as the paper's "sCL" competitor.
 
