@@ -37,13 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"aggregator.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"aggregator.cli.{name}":
-                continue  # subcommand not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"aggregator.cli.{name}").register(sub)
     return parser
 
 
