@@ -27,7 +27,6 @@ import functools
 import json
 import logging
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -48,7 +47,7 @@ import numpy as np
 from aggregator.demo.report import build_report, print_summary, write_outputs
 from aggregator.demo.truth import compute_truth
 from aggregator.errors import DemoError
-from ingest.broker import EXIT_WITH_PARENT_ENV, free_port, stop_process
+from ingest.processes import free_port, spawn_process, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -156,41 +155,19 @@ class _Child:
 
 
 def _spawn(name: str, args: list[str], log_dir: Path, url: str | None = None) -> _Child:
-    """Start ``ldp-stream <args>`` in a new session (a terminal's Ctrl-C reaches only the demo,
-    which stops its children in order); the child asks for SIGTERM when the demo dies without
-    cleaning up (``ingest.broker.exit_with_parent``, Linux). No ``preexec_fn``: with one,
-    ``subprocess`` forks the whole process and OpenBLAS's fork handler can leave a matrix
-    product of another thread hanging forever."""
+    """Start ``ldp-stream <args>`` in its own session with ``ingest.processes.spawn_process`` (a
+    terminal's Ctrl-C reaches only the demo, which stops its children in order; a child asks for
+    SIGTERM when the demo dies without cleaning up). Its log starts empty."""
     log_path = log_dir / f"{name}.log"
-    fh = open(log_path, "wb")
-    cmd = [sys.executable, "-m", "aggregator.cli", *args]
-    env = {**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())}
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
-    fh.close()
+    log_path.unlink(missing_ok=True)
+    proc = spawn_process([sys.executable, "-m", "aggregator.cli", *args], log_path=log_path,
+                         exit_with_parent=True)
     return _Child(name, proc, log_path, url)
-
-
-def _free_port() -> int:
-    return free_port("127.0.0.1")
 
 
 def _http_json(url: str, timeout: float = 2.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())
-
-
-def _scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
-    """Sum every sample of every metric family at a Prometheus endpoint (by sample name)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    return out
 
 
 # --------------------------------------------------------------------------- data and truth
@@ -320,7 +297,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         serve_url = f"http://127.0.0.1:{serve_port}"
         children.append(_spawn("serve", ["serve", "--config", str(cfg_path)], out / "logs", serve_url))
         for i in range(opts.workers):
-            mport = _free_port()
+            mport = free_port()
             children.append(_spawn(f"worker-{i + 1}", ["work", "--config", str(cfg_path),
                                                        "--metrics-port", str(mport)],
                                    out / "logs", f"http://127.0.0.1:{mport}/metrics"))
@@ -413,7 +390,7 @@ def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple
     worker = dict(data.get("worker", {}))
     worker.update({"group_id": f"demo-{run}", "checkpoint_interval_s": 1.0, "metrics_port": 0})
     data["worker"] = worker
-    data["serve"] = {"host": "127.0.0.1", "port": _free_port(), "refresh_interval_s": 0.5}
+    data["serve"] = {"host": "127.0.0.1", "port": free_port(), "refresh_interval_s": 0.5}
     path = Path(opts.output_dir) / "pipeline.toml"
     path.write_text("# written by `ldp-stream demo` for this run\n" + tomli_w.dumps(data))
     return path, data
@@ -485,10 +462,12 @@ def _check_children(children: list[_Child]) -> None:
 
 
 def _poll(progress: _Progress, workers: list[_Child], serve: _Child) -> None:
+    from aggregator.metrics import metric_totals, read_metrics
+
     processed = dead = dup = lag = 0.0
     for w in workers:
         try:
-            m = _scrape(w.url)
+            m = metric_totals(read_metrics(w.url))
         except (urllib.error.URLError, OSError, ValueError):
             continue
         processed += m.get("ldp_reports_processed_total", 0.0)
