@@ -111,7 +111,7 @@ def test_the_worker_goes_on_and_the_other_queries_estimate(overlap, caplog):
     from aggregator.config import PipelineConfig
     from aggregator.serve import estimate_payload
     from aggregator.worker import PipelineRuntime
-    from tests.aggregator.test_worker import FakeConsumer, _polls, _run_on, make_worker
+    from tests.aggregator.worker_support import FakeConsumer, make_worker, polls, run_on
     from tests.integration import pipeline_support as ps
 
     text = (f'[pipeline]\nname = "flights"\nschema = "{ps.SCHEMA}"\n'
@@ -122,8 +122,8 @@ def test_the_worker_goes_on_and_the_other_queries_estimate(overlap, caplog):
             'sgd = { step0 = 1000.0, burn_in = 10, batch_size = 16 }\n')
     runtime = PipelineRuntime.from_config(PipelineConfig.from_dict(tomllib.loads(text)))
     records = ps.make_records(runtime.schema, n_records=12, per_record=100, seed=5)
-    w = make_worker(runtime, overlap=overlap, consumer=FakeConsumer(_polls(records, [4, 4, 4])))
-    n = _run_on(w, max_reports=1200)
+    w = make_worker(runtime, overlap=overlap, consumer=FakeConsumer(polls(records, [4, 4, 4])))
+    n = run_on(w, max_reports=1200)
     assert n == w.processed_reports == 1200 and not w.final_checkpoint_failed
     ck = Checkpoint.from_bytes(w.producer.sent[-1][2])
     assert ck.next_offset == 12 and ck.reports == 1200

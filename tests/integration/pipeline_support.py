@@ -199,12 +199,10 @@ def reference_pass(runtime, records_by_partition: dict[int, list[bytes]], coales
 
 def read_checkpoints(bootstrap: str, state_topic: str, pipeline: str | None = None) -> dict:
     """Latest checkpoint per key of the state topic (decoded)."""
-    from kafka import KafkaConsumer
-
     from aggregator.checkpoint import Checkpoint, StateTopicReader
+    from ingest.kafka import KafkaSettings
 
-    reader = StateTopicReader(KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False),
-                              state_topic, pipeline)
+    reader = StateTopicReader.connect(KafkaSettings(bootstrap_servers=bootstrap), state_topic, pipeline)
     try:
         reader.catch_up(30)
         return {k: Checkpoint.from_bytes(v) for k, v in reader.latest.items()}

@@ -57,10 +57,7 @@ def test_two_workers_then_serve_equal_single_pass(tmp_path, bootstrap_servers, t
     total = sum(w.processed_reports for w in workers.values())
     assert total >= 80 * 50  # a partition may be processed by both (revoke → replay) — never less
 
-    from kafka import KafkaConsumer
-
-    reader = StateTopicReader(KafkaConsumer(bootstrap_servers=bootstrap_servers), cfg.topics.state,
-                              runtime.name)
+    reader = StateTopicReader.connect(cfg.kafka, cfg.topics.state, runtime.name)
     store = EstimateStore(runtime, reader)
     try:
         store.refresh()

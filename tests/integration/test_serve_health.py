@@ -18,15 +18,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180
 
 
 def test_readiness_follows_a_frozen_broker(tmp_path, topic_name):
-    from kafka import KafkaConsumer
+    from ingest.kafka import KafkaSettings
 
     with EmbeddedBroker(startup_timeout=30.0) as broker:
         cfg = PipelineConfig.load(ps.write_config(tmp_path, broker.bootstrap_servers, topic_name))
         ps.create_topics(broker.bootstrap_servers, cfg)
         runtime = PipelineRuntime.from_config(cfg)
-        reader = StateTopicReader(KafkaConsumer(bootstrap_servers=broker.bootstrap_servers,
-                                                request_timeout_ms=5000),
-                                  cfg.topics.state, runtime.name)
+        settings = KafkaSettings(bootstrap_servers=broker.bootstrap_servers, request_timeout_ms=5000)
+        reader = StateTopicReader.connect(settings, cfg.topics.state, runtime.name)
         store = EstimateStore(runtime, reader, refresh_interval_s=0.2, stale_after_s=1.5).start()
         try:
             body = ps.until(store.readiness, 200, 60)

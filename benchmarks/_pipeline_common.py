@@ -1,0 +1,164 @@
+"""Helpers of ``benchmarks/pipeline.py``: pipeline configs, pre-encoded records, raw produce,
+child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks._common import ROOT
+
+EXAMPLE = ROOT / "examples" / "flights.pipeline.toml"
+SCHEMA = ROOT / "examples" / "flights.schema.toml"
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+#: (reports per record, records) of the consume sections: ≥ 1 s of the raw loop each, so that
+#: start-up (first fetch, threads) does not set the rate.
+CONSUME_PLAN = [(1, 200_000), (100, 20_000), (1000, 4000)]
+#: Alternating raw / worker passes per consume case (``--quick``: 2).
+CONSUME_REPEATS = 5
+
+
+def write_pipeline(
+    tmp: Path,
+    bootstrap: str,
+    tag: str,
+    *,
+    partitions: int = 1,
+    checkpoint_interval_s: float = 5.0,
+    checkpoint_reports: int = 1_000_000,
+    serve_port: int = 0,
+    refresh_s: float = 2.0,
+    drop_kinds: tuple[str, ...] = (),
+) -> Path:
+    """Copy of ``examples/flights.pipeline.toml`` with unique topics/group and the given settings;
+    queries whose ``kind`` is in ``drop_kinds`` are left out."""
+    text = EXAMPLE.read_text()
+    if drop_kinds:
+        head, *blocks = text.split("[[queries]]")
+        keep = [b for b in blocks if not any(f'kind = "{k}"' in b for k in drop_kinds)]
+        text = head + "".join("[[queries]]" + b for b in keep)
+    subs = [
+        (r'schema = "flights.schema.toml"', f'schema = "{SCHEMA}"'),
+        (r'bootstrap_servers = "[^"]*"', f'bootstrap_servers = "{bootstrap}"'),
+        (r'reports = "[^"]*"', f'reports = "bench.{tag}.reports"'),
+        (r'state = "[^"]*"', f'state = "bench.{tag}.state"'),
+        (r'dead_letter = "[^"]*"', f'dead_letter = "bench.{tag}.dlq"'),
+        (r"partitions = \d+", f"partitions = {partitions}"),
+        (r'group_id = "[^"]*"', f'group_id = "bench-{tag}"'),
+        (r"checkpoint_interval_s = [0-9.]+", f"checkpoint_interval_s = {checkpoint_interval_s}"),
+        (r"checkpoint_reports = \d+", f"checkpoint_reports = {checkpoint_reports}"),
+        (r"port = 8080", f"port = {serve_port}"),
+        (r"refresh_interval_s = [0-9.]+", f"refresh_interval_s = {refresh_s}"),
+    ]
+    for pat, rep in subs:
+        text, k = re.subn(pat, rep, text, count=1)
+        if k != 1:
+            raise RuntimeError(f"pattern {pat!r} not found in {EXAMPLE}")
+    path = tmp / f"{tag}.pipeline.toml"
+    path.write_text(text)
+    return path
+
+
+def load_config(path: Path):
+    from aggregator.config import PipelineConfig
+
+    return PipelineConfig.load(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def encoded_records(pool, per_record: int, k: int) -> list[bytes]:
+    """``k`` distinct encoded records of ``per_record`` consecutive reports of ``pool`` (wrapping)."""
+    from ingest.codec import encode
+    from ingest.producer import slice_batch
+
+    out = []
+    for i in range(k):
+        s = (i * per_record) % max(1, pool.n - per_record)
+        out.append(encode(slice_batch(pool, s, s + per_record)))
+    return out
+
+
+def raw_produce(
+    bootstrap: str,
+    topic: str,
+    values: list[bytes],
+    n_records: int,
+    partitions: int = 1,
+    rate_records_s: float | None = None,
+    stamps: list | None = None,
+) -> tuple[float, float]:
+    """Send ``n_records`` records (cycling ``values``) round-robin over partitions; returns (t0, t1)
+    wall-clock times (``time.time()``) of the first send and of the final flush."""
+    from kafka import KafkaProducer
+
+    from ingest.kafka import KafkaSettings
+
+    prod = KafkaProducer(
+        **KafkaSettings(bootstrap_servers=bootstrap).producer_config(
+            linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20
+        )
+    )
+    k = len(values)
+    t0 = time.time()
+    for i in range(n_records):
+        if rate_records_s:
+            target = t0 + i / rate_records_s
+            delay = target - time.time()
+            if delay > 0:
+                time.sleep(delay)
+        if stamps is not None:
+            stamps.append(time.time())
+        prod.send(topic, values[i % k], partition=i % partitions)
+    prod.flush()
+    t1 = time.time()
+    prod.close()
+    return t0, t1
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m", "benchmarks.pipeline"]
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            _python() + args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def wait_files(paths: list[Path], procs: list[subprocess.Popen], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(p.exists() for p in paths):
+            return
+        for pr in procs:
+            if pr.poll() is not None:
+                raise RuntimeError(f"helper process exited early with {pr.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError(f"waiting for {paths}")
+
+
+def reap(procs: list[subprocess.Popen], timeout: float) -> None:
+    for pr in procs:
+        try:
+            pr.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pr.pid, 9)
+            pr.wait(10)
