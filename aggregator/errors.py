@@ -28,12 +28,3 @@ class DemoError(AggregatorError):
 class CheckpointError(StateError):
     """A state-topic record is not a valid checkpoint (bad magic, version, lengths or header), or
     a checkpoint does not fit the pipeline (another schema fingerprint or query set)."""
-
-
-class RecordRejected(AggregatorError):
-    """A reports-topic record the worker refuses before folding it; ``reason`` is the
-    dead-letter header and metric label (``"empty"``, ``"oversized"``, ``"unknown_fingerprint"``)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason

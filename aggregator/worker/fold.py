@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 
-from aggregator.errors import RecordRejected
 from aggregator.metrics import WorkerMetrics
 from aggregator.plan import PipelineRuntime
 from aggregator.worker.partition import PartitionState
@@ -115,18 +114,21 @@ class Folder:
         rows with its own seed and update the states; returns the report count."""
         values = [rec.value for rec, refused in todo if refused is None]
         batch, results = self.runtime.decode_many(values) if values else (None, [])
-        if batch is not None and batch.fingerprint != self.runtime.fingerprint:
-            results = [RecordRejected("unknown_fingerprint") if isinstance(r, int) else r for r in results]
-            batch = None
-        decoded = iter(results)
+        foreign = batch is not None and batch.fingerprint != self.runtime.fingerprint
+        decoded = iter(results)  # per record: its report count, or the DecodeError it raised
         good, counts = [], []
         for rec, refused in todo:
-            res = RecordRejected(refused) if refused is not None else next(decoded)
-            if isinstance(res, int):
-                good.append(rec.value)
-                counts.append(res)
-            else:
-                self.dead_letter(rec, getattr(res, "reason", "malformed"))
+            if refused is None:
+                res = next(decoded)
+                if isinstance(res, int) and not foreign:
+                    good.append(rec.value)
+                    counts.append(res)
+                    continue
+                refused = ("unknown_fingerprint" if isinstance(res, int)
+                           else getattr(res, "reason", "malformed"))
+            self.dead_letter(rec, refused)
+        if foreign:
+            batch = None
         if batch is None or not good:
             return 0
         return self.fold_decoded(ps, batch, good, counts)
