@@ -1,6 +1,6 @@
 """Pure mathematics of ldp-stream: local-DP samplers and randomizers, corrected losses,
-M-estimators and privacy accounting (DESIGN §2–3). No I/O; imports neither ``ingest`` nor
-``aggregator``."""
+M-estimators and privacy accounting (docs/mechanisms.md, docs/frequency.md, docs/privacy.md).
+No I/O; imports neither ``ingest`` nor ``aggregator``."""
 
 from mechanisms.errors import ConfigError, ConvergenceWarning, LdpStreamError, MechanismError, ParameterError
 

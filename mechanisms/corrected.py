@@ -1,9 +1,10 @@
 """Corrected losses for ZIL-privatized records: DR, SDR, SL, naive and oracle.
 
-Source: Lu, Chen & Qiu (arXiv 2501.15127) §4 (DR), §6 (SL, SDR); DESIGN §2. Noise here is in
-original units with a per-coordinate SL covariance ``Σ = diag(σ_j²)``, ``σ_j = λ·(high_j − low_j)``
-(``ZILMechanism.coord_scale``), so the Laplacian correction is ``½ Σ_j σ_j² ∂²ℓ/∂x_j²`` over the
-noised columns (DESIGN writes the ``λ²I`` case).
+Source: Lu, Chen & Qiu (arXiv 2501.15127) §4 (DR), §6 (SL, SDR); docs/mechanisms.md §2.3–§2.6.
+Noise here is in original units with a per-coordinate SL covariance ``Σ = diag(σ_j²)``,
+``σ_j = λ·(high_j − low_j)`` (``ZILMechanism.coord_scale``), so the Laplacian correction is
+``½ Σ_j σ_j² ∂²ℓ/∂x_j²`` over the noised columns (the paper writes the ``λ²I`` case;
+docs/mechanisms.md §2.4).
 
 With ``X̃₁ = X + Z``, ``Z ~ ZIL(δ, Σ)`` and ``X̃₂ = X̃₁ + S′``, ``S′ ~ SL(δΣ)``:
 
@@ -127,7 +128,7 @@ class CorrectedLoss:
 def corrected_loss(
     loss: Loss, method: str, zero_prob: float | None = None, noise_var=None, *, force: bool = False
 ) -> CorrectedLoss:
-    """Build the corrected loss of ``loss`` for ``method`` (DESIGN §2; paper §4, §6).
+    """Build the corrected loss of ``loss`` for ``method`` (docs/mechanisms.md §2.3–§2.6; paper §4, §6).
 
     Parameters
     ----------

@@ -1,7 +1,8 @@
 """Batch M-estimation on ZIL-privatized records with plug-in sandwich covariance.
 
 Source: Lu, Chen & Qiu (arXiv 2501.15127) §4–§6 (DR/SL/SDR estimators, asymptotic normality
-``√n(θ̂ − θ₀) → N(0, V⁻¹AV⁻¹)``); DESIGN §2 (closed forms, DR CDF/quantiles).
+``√n(θ̂ − θ₀) → N(0, V⁻¹AV⁻¹)``); docs/mechanisms.md §3 (closed forms; §3.6 DR CDF/quantiles)
+and §4 (M-estimation, sandwich).
 
 Noise is in original units with per-noised-column standard deviations ``σ_j`` (argument ``scale``;
 ``ZILMechanism.coord_scale``): ``X̃₁ = X + ZIL(δ, diag σ²)``, ``X̃₂ = X̃₁ + SL(δ diag σ²)``.
@@ -60,7 +61,7 @@ class MEstimate:
     theta : ndarray (q,)
         Point estimate, units of the parameter.
     cov : ndarray (q, q)
-        Plug-in sandwich covariance ``V⁻¹ A V⁻¹ / n`` (DESIGN §2).
+        Plug-in sandwich covariance ``V⁻¹ A V⁻¹ / n`` (docs/mechanisms.md §4.2).
     n : int
         Number of records.
     method : str
@@ -154,7 +155,7 @@ def _as_column(name: str, x) -> np.ndarray:
 
 
 def _double(x1: np.ndarray, noised: tuple[int, ...], zero_prob: float, sd: np.ndarray, rng) -> np.ndarray:
-    """``X̃₂ = X̃₁ + SL(δ diag σ²)`` on the noised columns (DESIGN §2, doubling)."""
+    """``X̃₂ = X̃₁ + SL(δ diag σ²)`` on the noised columns (docs/mechanisms.md §2.1)."""
     x2 = x1.copy()
     if noised:
         x2[:, list(noised)] += sample_sl(x1.shape[0], len(noised), zero_prob * sd**2, rng)
@@ -219,11 +220,11 @@ def m_estimate(
 
     Notes
     -----
-    Paper §4–§6, DESIGN §2. ``V`` is the Jacobian of the averaged corrected gradient at θ̂
+    Paper §4–§6; docs/mechanisms.md §4.2–§4.4. ``V`` is the Jacobian of the averaged corrected gradient at θ̂
     (central differences, step ``1e-4·scale``) when ``∇θℓ`` is continuous. For kinked losses
     (check, quantile regression, hinge) V is the corrected mean of a Gaussian-kernel smoothed
-    Hessian (bandwidth ``n^(−1/5)·spread(residual)``; DESIGN's "smoothed score" option — a
-    ``n^(−1/3)`` difference step gave 87–90 % coverage for DR median regression), falling back to
+    Hessian (bandwidth ``n^(−1/5)·spread(residual)``; a difference quotient with step ``n^(−1/3)``
+    under-covers, 87–90 % for DR median regression), falling back to
     a central difference with step ``n^(−1/5)·scale``. ``A`` is the empirical covariance of the
     per-record corrected gradients. Convergence: the Newton step ``V⁻¹ ḡ`` must be below
     1e-3 (smooth) or 1 (kinked) standard errors.
@@ -311,7 +312,7 @@ def _closed_form(closs: CorrectedLoss, x1, x2) -> np.ndarray | None:
 
 
 def _linreg_closed(closs: CorrectedLoss, x1, x2) -> np.ndarray:
-    """Corrected least squares: every corrected objective is quadratic in β (DESIGN §2)."""
+    """Corrected least squares: every corrected objective is quadratic in β (docs/mechanisms.md §3.4)."""
     L, m, d = closs.loss, closs.method, closs.zero_prob
     n = x1.shape[0]
     if m in ("naive", "oracle", "sdr"):
@@ -484,7 +485,7 @@ def _sandwich(closs: CorrectedLoss, x1, x2, theta) -> tuple[np.ndarray, bool, fl
 
 
 def variance_estimate(x1, *, zero_prob: float, scale, level: float = 0.95) -> MEstimate:
-    """SDR variance of each column: ``mean X̃₁² − (1 − δ)σ² − (mean X̃₁)²`` (DESIGN §2).
+    """SDR variance of each column: ``mean X̃₁² − (1 − δ)σ² − (mean X̃₁)²`` (docs/mechanisms.md §3.3).
 
     Parameters
     ----------
@@ -526,7 +527,7 @@ def variance_estimate(x1, *, zero_prob: float, scale, level: float = 0.95) -> ME
 
 
 def dr_cdf(x1, x2, t, zero_prob: float) -> np.ndarray:
-    """DR CDF ``F̂(t) = [F̂₁(t) − (1 − δ)F̂₂(t)]/δ`` — unbiased for ``F_X(t)`` (DESIGN §2).
+    """DR CDF ``F̂(t) = [F̂₁(t) − (1 − δ)F̂₂(t)]/δ`` — unbiased for ``F_X(t)`` (docs/mechanisms.md §3.6).
 
     Parameters
     ----------
@@ -616,7 +617,7 @@ def dr_quantile(x1, x2, tau, zero_prob: float, *, level: float = 0.95) -> MEstim
 
     Notes
     -----
-    DESIGN §2 (DR CDF, isotonic inverse); paper §4 (check loss DR estimator, sandwich).
+    docs/mechanisms.md §3.6 (DR CDF, isotonic inverse); paper §4 (check loss DR estimator, sandwich).
     """
     a1, a2 = _as_column("x1", x1), _as_column("x2", x2)
     if a1.shape != a2.shape:

@@ -1,7 +1,7 @@
 """Zero-inflated symmetric multivariate Laplace (ZIL) mechanism and its consumer-side doubling.
 
 Source: Lu, Chen & Qiu, "Versatile differentially private learning for general loss functions"
-(arXiv 2501.15127), §3; restated in DESIGN §2.
+(arXiv 2501.15127), §3; stated in docs/mechanisms.md §1–§2.
 
 * ``SL_d(Σ)``: symmetric multivariate Laplace, sampled as ``sqrt(W) * G`` with ``W ~ Exp(1)``
   and ``G ~ N(0, Σ)``; ``Var = Σ``.
@@ -39,7 +39,7 @@ def sample_sl(n: int, dim: int, variance, rng: RngLike = None) -> np.ndarray:
     -------
     ndarray of shape (n, dim), float64
         ``sqrt(W_i) * G_i`` with ``W_i ~ Exp(1)`` shared by the coordinates of draw ``i`` and
-        ``G_i ~ N(0, Σ)``. Each draw has covariance Σ (DESIGN §2).
+        ``G_i ~ N(0, Σ)``. Each draw has covariance Σ (docs/mechanisms.md §1.1; paper §3.1).
 
     Raises
     ------
@@ -59,7 +59,8 @@ def sample_sl(n: int, dim: int, variance, rng: RngLike = None) -> np.ndarray:
 
 
 class ZILMechanism:
-    """ZIL(δ, λ²I) mechanism on a bounded box, applied on the client (DESIGN §2).
+    """ZIL(δ, λ²I) mechanism on a bounded box, applied on the client (docs/mechanisms.md §1.2;
+    paper Definition 3.1).
 
     Parameters
     ----------
@@ -151,7 +152,7 @@ class ZILMechanism:
         """Release ``X̃₁ = clip(X) + Z`` with ``Z ~ ZIL(δ, λ² diag(range²))``.
 
         One multivariate draw per report: the zero indicator and ``W`` are shared by all
-        coordinates of a row (DESIGN §2 — DR/SDR rely on the joint law).
+        coordinates of a row (docs/mechanisms.md §1.3 — DR/SDR rely on the joint law).
 
         Parameters
         ----------
@@ -177,7 +178,7 @@ class ZILMechanism:
         """Consumer-side doubling ``X̃₂ = X̃₁ + S′`` with ``S′ ~ SL_d(δ λ² diag(range²))``.
 
         Post-processing of a released report: then ``X̃₂ − X ~ SL_d(λ² diag(range²))`` exactly
-        (DESIGN §2, characteristic functions multiply to ``1/(1 + tᵀΣt/2)``).
+        (docs/mechanisms.md §2.1, paper Algorithm 1: characteristic functions multiply to ``1/(1 + tᵀΣt/2)``).
 
         Parameters
         ----------

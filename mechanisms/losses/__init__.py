@@ -1,7 +1,7 @@
 """Loss functions ``ℓ(x, θ)`` for M-estimation on ZIL-privatized records.
 
 Source: Lu, Chen & Qiu, "Versatile differentially private learning for general loss functions"
-(arXiv 2501.15127), §4–§7; DESIGN §2.
+(arXiv 2501.15127), §4–§7; docs/mechanisms.md §5.
 
 A *record* is one row of an array ``x`` of shape ``(n, p)`` in original units. Every loss declares
 

@@ -43,7 +43,7 @@ def _robust_spread(a: np.ndarray) -> np.ndarray:
 
 
 class Loss(ABC):
-    """Base class of every loss ``ℓ(x, θ)`` (DESIGN §2).
+    """Base class of every loss ``ℓ(x, θ)`` (docs/mechanisms.md §5).
 
     Attributes
     ----------
@@ -164,7 +164,7 @@ class Loss(ABC):
 
         Losses whose θ-gradient jumps (check, hinge) replace the Dirac mass of ``∂²ℓ/∂η²`` by a
         Gaussian kernel of width ``bandwidth`` (units of the residual/margin); used for the
-        sandwich's V (DESIGN §2, "smoothed score").
+        sandwich's V (docs/mechanisms.md §4.3; online: §6.9).
         """
         return None
 
@@ -180,7 +180,7 @@ class Loss(ABC):
         ``(θ − g(x))²``, linear/logistic/Huber regression); None for kinked losses (use
         :meth:`smoothed_hessians`) and for losses without a closed form. Applied to ``X̃₁`` and
         ``X̃₂`` and DR-combined, ``[H(X̃₁) − (1−δ)H(X̃₂)]/δ``, it is unbiased for ``E ∇²θ ℓ(X, θ)``
-        (DESIGN §2); used by the online one-step estimator (``aggregator.state.sgd``).
+        (docs/mechanisms.md §6.6); used by the online one-step estimator (``aggregator.state.sgd``).
 
         Parameters
         ----------
@@ -205,7 +205,7 @@ class Loss(ABC):
         -------
         ndarray (K, q, q) or None
             ``out[k] == smoothed_hessian(x, theta, bandwidths[k])``; None if the loss has no
-            smoothed Hessian (DESIGN §2, "smoothed score").
+            smoothed Hessian (docs/mechanisms.md §4.3).
         """
         out = []
         for h in np.asarray(bandwidths, dtype=np.float64).reshape(-1):
@@ -217,7 +217,8 @@ class Loss(ABC):
 
     def theta_scale(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """A natural unit per parameter, shape (q,), used for numerical-derivative steps and
-        optimiser simplex sizes (DESIGN §2: step ``~ n^(−1/3)·scale``)."""
+        optimiser simplex sizes (docs/mechanisms.md §4.1, §4.3: difference step ``1e-4·scale`` when
+        ``∇θℓ`` is continuous, ``n^(−1/5)·scale`` otherwise)."""
         return np.ones(self.n_params(x.shape[1]))
 
     def weights_array(self, weights) -> np.ndarray:

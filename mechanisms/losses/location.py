@@ -17,7 +17,7 @@ from mechanisms.losses.base import _SQRT_2PI, Loss, _check_indices, _robust_spre
 
 
 class SquaredLoss(Loss):
-    """Squared loss for a mean: ``ℓ(x, θ) = Σ_j (x_j − θ_j)²`` (DESIGN §2, squared loss).
+    """Squared loss for a mean: ``ℓ(x, θ) = Σ_j (x_j − θ_j)²`` (docs/mechanisms.md §3.1).
 
     Parameters
     ----------
@@ -159,7 +159,7 @@ class TransformSquaredLoss(Loss):
     """``ℓ(x, θ) = (θ − g(x))²`` for a user transform ``g`` (paper §7.1).
 
     Its minimiser is ``θ₀ = E g(X)``; DR gives the closed form
-    ``θ̂_DR = [mean g(X̃₁) − (1 − δ) mean g(X̃₂)]/δ`` (DESIGN §2).
+    ``θ̂_DR = [mean g(X̃₁) − (1 − δ) mean g(X̃₂)]/δ`` (docs/mechanisms.md §3.2; paper §7.1).
 
     Parameters
     ----------

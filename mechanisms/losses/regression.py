@@ -257,7 +257,7 @@ class _IndexLoss(Loss):
 
 
 class LinearRegressionLoss(_IndexLoss):
-    """Squared-error regression loss ``ℓ = (y − zᵀβ)²``, ``z = [1, x_cov]`` (DESIGN §2).
+    """Squared-error regression loss ``ℓ = (y − zᵀβ)²``, ``z = [1, x_cov]`` (docs/mechanisms.md §3.4).
 
     Parameters
     ----------
@@ -273,7 +273,8 @@ class LinearRegressionLoss(_IndexLoss):
 
     Notes
     -----
-    ``∂²ℓ/∂x_j² = 2β_j²`` → SDR closed form ``(Z̃₁ᵀZ̃₁/n − (1−δ)D_σ²) β = Z̃₁ᵀy/n`` (DESIGN §2).
+    ``∂²ℓ/∂x_j² = 2β_j²`` → SDR closed form ``(Z̃₁ᵀZ̃₁/n − (1−δ)D_σ²) β = Z̃₁ᵀy/n``
+    (docs/mechanisms.md §3.4; paper §6).
 
     Raises
     ------

@@ -1,8 +1,7 @@
 """Privacy accounting of the ZIL mechanism in the f-DP framework of Dong, Roth & Su.
 
 Source: Lu, Chen & Qiu, "Versatile differentially private learning for general loss functions"
-(arXiv 2501.15127), §3.2 (Theorems 3.1–3.3, Propositions 3.1–3.2, Fig. 1); restated in DESIGN §2
-"Privacy accounting (f-DP, Dong–Roth–Su)".
+(arXiv 2501.15127), §3.2 (Theorems 3.1–3.3, Propositions 3.1–3.2, Fig. 1); stated in docs/privacy.md §1–§2.
 
 Vocabulary (the names used in code, CLI and docs):
 

@@ -155,7 +155,7 @@ def _beta_at_threshold(h: np.ndarray, c: float) -> np.ndarray:
 def _llr_threshold(alpha: np.ndarray, c: float) -> np.ndarray:
     """Solve ``1 − F_c(c·h) = α`` for ``h = t/c`` (every α strictly inside (0, 1)), vectorised.
 
-    The threshold is sought in units of ``c`` (DESIGN §2's ``h = F_c⁻¹(1 − α)/c``): the privacy
+    The threshold is sought in units of ``c`` (``h = F_c⁻¹(1 − α)/c`` of docs/privacy.md §2.4): the privacy
     loss ``cY/√W − c²/(2W)`` has scale ``c``, so as ``c → 0`` the threshold ``t`` shrinks with it
     while ``h`` tends to a quantile of ``Y/√W``; an absolute tolerance on ``t`` would stop at once.
     A table of ``log(1 − F_c)`` on an asinh-spaced grid gives each α a valid bracket and a

@@ -54,7 +54,7 @@ def calibrate_c(epsilon: float, delta: float, zero_prob: float, dim: int | None 
     Notes
     -----
     Source: paper §3.2 after Thm 3.3 and Fig. 1(b) (ε′ = 0.8, δ′ = 0.17, δ₀ = 0.05 → c′ ≈ 0.50252);
-    DESIGN §2 "Calibration".
+    docs/privacy.md §2.7.
     """
     eps = float(_check_epsilon_array(epsilon)) if np.ndim(epsilon) == 0 else None
     if eps is None:
@@ -115,7 +115,7 @@ def calibrate_zil(
 
     Notes
     -----
-    Source: paper §3.2 after Thm 3.3; DESIGN §2 "Calibration".
+    Source: paper §3.2 after Thm 3.3; docs/privacy.md §2.7.
     """
     diam = check_positive("diameter", diameter)
     c = calibrate_c(epsilon, delta, zero_prob, dim)

@@ -57,7 +57,7 @@ def delta_c(epsilon, c: float, dim: int | None = None) -> np.ndarray:
 
     Notes
     -----
-    Source: paper Thm 3.3(i); DESIGN §2 "(ε, δ̃) conversion".
+    Source: paper Thm 3.3(i); docs/privacy.md §2.6.
 
     Numerics. For ``ε < 8`` the W-expectation is the log-w trapezoid rule of the module
     docstring. For larger ε its integrand falls from 1 to 0 within ``Δ log w ≈ 1/√(ε/2)`` of
@@ -152,7 +152,7 @@ def delta_for_epsilon(epsilon, c: float, zero_prob: float, dim: int | None = Non
 
     Notes
     -----
-    Source: paper Thm 3.3; DESIGN §2.
+    Source: paper Thm 3.3; docs/privacy.md §2.6.
     """
     zp = check_open_unit("zero_prob", zero_prob)
     dc = delta_c(epsilon, c, dim)
@@ -187,7 +187,7 @@ def epsilon_for_delta(delta: float, c: float, zero_prob: float, dim: int | None 
 
     Notes
     -----
-    Source: paper Thm 3.3; DESIGN §2. Solved in closed form for d = 1, by brentq otherwise (the
+    Source: paper Thm 3.3; docs/privacy.md §2.6. Solved in closed form for d = 1, by brentq otherwise (the
     bracket doubles from 1 up to the float range; ``δ_c(ε)`` decays like ``c²/(2ε)``).
     """
     c = check_positive("c", c)

@@ -50,7 +50,7 @@ class ZILGuarantee:
 
     Notes
     -----
-    Source: paper Thm 3.1–3.3; DESIGN §2.
+    Source: paper Thm 3.1–3.3; docs/privacy.md §1, §2.
     """
 
     zero_prob: float
@@ -133,7 +133,7 @@ def zil_guarantee(
 
     Notes
     -----
-    Source: paper Thm 3.1 (c_I, c_A), Thm 3.3 (δ̃); DESIGN §2.
+    Source: paper Thm 3.1 (c_I, c_A), Thm 3.3 (δ̃); docs/privacy.md §2.1, §2.6.
     """
     zp = check_open_unit("zero_prob", zero_prob)
     lam = check_positive("scale", scale)

@@ -61,7 +61,7 @@ def tradeoff_laplace(alpha, c: float) -> np.ndarray:
 
     Notes
     -----
-    Source: paper §3.2 (text after Prop. 3.1); DESIGN §2 "d = 1 exact".
+    Source: paper §3.2 (text after Prop. 3.1); docs/privacy.md §2.3.
     """
     a = _check_alpha(alpha)
     c = check_positive("c", c)
@@ -108,7 +108,7 @@ def tradeoff_sl_limit(alpha, c: float) -> np.ndarray:
 
     Notes
     -----
-    Source: paper Prop. 3.2 and Thm 3.2; DESIGN §2 "Any d (lower bound, tight as d → ∞)".
+    Source: paper Prop. 3.2 and Thm 3.2; docs/privacy.md §2.4 (lower bound, tight as d → ∞).
     """
     a = _check_alpha(alpha)
     c = check_positive("c", c)
@@ -155,7 +155,7 @@ def tradeoff_sl_monte_carlo(
 
     Notes
     -----
-    Source: paper §3.2 ("Simulation is a viable approach…", Fig. 1(a)); DESIGN §2.
+    Source: paper §3.2 ("Simulation is a viable approach…", Fig. 1(a)); docs/privacy.md §2.5.
     """
     a = _check_alpha(alpha)
     c = check_positive("c", c)
@@ -271,7 +271,7 @@ def tradeoff_zil(
 
     Notes
     -----
-    Source: paper (3.3), Thm 3.1, Thm 3.2; DESIGN §2 "Shrinkage".
+    Source: paper (3.3), Thm 3.1, Thm 3.2; docs/privacy.md §2.2.
     """
     a = _check_alpha(alpha)
     c = check_positive("c", c)

@@ -1,4 +1,4 @@
-"""Utility-optimized LDP mechanisms for categorical data (Murakami & Kawamoto 2019; DESIGN §3).
+"""Utility-optimized LDP mechanisms for categorical data (Murakami & Kawamoto 2019; docs/frequency.md).
 
 Public API: :class:`URR`, :class:`RR`, :class:`URAP`, :class:`RAPPOR` (privatize → counts →
 estimate), :class:`PUM`, :func:`audit_uldp`, :class:`FrequencyCounts`,

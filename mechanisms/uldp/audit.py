@@ -1,4 +1,4 @@
-"""Monte Carlo audit of the ULDP condition for small domains (paper §3.1 Definition 2; DESIGN §3).
+"""Monte Carlo audit of the ULDP condition for small domains (paper §3.1 Definition 2; docs/frequency.md §1).
 
 For every protected output y and all inputs x, x′: Q(y|x) ≤ e^ε Q(y|x′); every invertible
 output must be produced only by the non-sensitive input it reveals.
@@ -98,7 +98,7 @@ def audit_uldp(mechanism, *, n_per_input: int = 100_000, alpha: float = 1e-5,
     SE₀² = [e^ε q₀(1 − e^ε q₀) + e^{2ε} q₀(1 − q₀)]/N. A protected output seen c times from x and
     never from x′ gives z ≈ √(c/e^ε), so correct mechanisms need N·min Q ≫ z_crit² (N = 10⁵
     suffices for k ≤ 6 at ε ≤ 2) and a broken one fails by a wide margin.
-    Source: paper Definition 2 (ULDP), DESIGN §3.
+    Source: paper §3.1, Definition 2 (ULDP), docs/frequency.md §1.
     """
     if isinstance(n_per_input, bool) or not isinstance(n_per_input, (int, np.integer)) or n_per_input < 1000:
         raise ParameterError(f"n_per_input must be an integer >= 1000, got {n_per_input!r}")

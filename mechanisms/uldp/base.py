@@ -1,5 +1,6 @@
 """Common machinery of the categorical frequency mechanisms: validation, empirical / threshold /
-projected / EM estimation, expected-loss formulas (DESIGN §3; Murakami & Kawamoto 2019 §3, §4)."""
+projected / EM estimation, expected-loss formulas (docs/frequency.md §4, §5; Murakami & Kawamoto
+2019 §2.5, §4.3)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from mechanisms.uldp.counts import FrequencyCounts, FrequencyEstimate
 logger = logging.getLogger(__name__)
 
 METHODS = ("empirical", "threshold", "projected", "em")
-#: significance level of the ``threshold`` method (DESIGN §3: α = 0.05, Bonferroni over k).
+#: significance level of the ``threshold`` method (docs/frequency.md §4: α = 0.05, Bonferroni over k).
 THRESHOLD_ALPHA = 0.05
 
 
@@ -91,8 +92,8 @@ def check_codes(codes, k: int, name: str = "codes") -> np.ndarray:
 def project_simplex(v: np.ndarray) -> np.ndarray:
     """Euclidean projection of ``v`` (shape (k,)) onto the probability simplex.
 
-    Sort-based algorithm (Held et al. 1974; Duchi et al. 2008), O(k log k). Source: DESIGN §3
-    (``projected``).
+    Sort-based algorithm (Held et al. 1974; Duchi et al. 2008), O(k log k). Source:
+    docs/frequency.md §4 (``projected``).
     """
     v = np.asarray(v, dtype=np.float64)
     u = np.sort(v)[::-1]
@@ -104,7 +105,7 @@ def project_simplex(v: np.ndarray) -> np.ndarray:
 
 
 def threshold_estimate(p: np.ndarray, se: np.ndarray, alpha: float = THRESHOLD_ALPHA) -> np.ndarray:
-    """DESIGN §3 ``threshold`` ("emp+thr"): zero every estimate below z_{1−α/k}·SEⱼ; if the kept
+    """docs/frequency.md §4 ``threshold`` ("emp+thr"): zero every estimate below z_{1−α/k}·SEⱼ; if the kept
     mass is < 1 give the remainder uniformly to the zeroed entries, otherwise rescale the kept
     entries to sum to 1. Returns a distribution of shape (k,)."""
     k = p.size
@@ -172,7 +173,7 @@ class FrequencyMechanism:
 
     def expected_output(self, p) -> np.ndarray:
         """Expected output frequencies ``m = a + b ⊙ p``, shape (k,), for an input distribution
-        ``p`` (shape (k,)). Source: DESIGN §3."""
+        ``p`` (shape (k,)). Source: docs/frequency.md §1."""
         p = self._check_p(p)
         a, b = self._intercept_slope()
         return a + b * p
@@ -186,7 +187,7 @@ class FrequencyMechanism:
     def expected_l2(self, p, n: int) -> float:
         """Expected squared l2 loss E‖p̂ − p‖₂² of the empirical estimator with ``n`` reports.
 
-        ``Σⱼ vⱼ² mⱼ(1 − mⱼ)/n`` with vⱼ = 1/bⱼ the inverse slope (DESIGN §3).
+        ``Σⱼ vⱼ² mⱼ(1 − mⱼ)/n`` with vⱼ = 1/bⱼ the inverse slope (docs/frequency.md §5; paper §4.3).
 
         Parameters
         ----------
@@ -202,7 +203,7 @@ class FrequencyMechanism:
 
     def expected_l1(self, p, n: int) -> float:
         """Approximate expected l1 loss ``√(2/(nπ)) Σⱼ vⱼ √(mⱼ(1−mⱼ))`` (normal approximation;
-        DESIGN §3, paper §4)."""
+        docs/frequency.md §5, paper §4.3)."""
         n = _check_n(n)
         m = self.expected_output(p)
         _, b = self._intercept_slope()
@@ -240,8 +241,8 @@ class FrequencyMechanism:
         counts : FrequencyCounts
             From :meth:`counts` of this mechanism (same signature), ``n > 0``.
         method : {"empirical", "threshold", "projected", "em"}
-            ``empirical``: p̂ = (m̂ − a)/b, unbiased, may be negative (DESIGN §3).
-            ``threshold``: Bonferroni significance threshold z_{1−0.05/k}·SEⱼ (emp+thr, DESIGN §3).
+            ``empirical``: p̂ = (m̂ − a)/b, unbiased, may be negative (docs/frequency.md §4).
+            ``threshold``: Bonferroni significance threshold z_{1−0.05/k}·SEⱼ (emp+thr, docs/frequency.md §4).
             ``projected``: Euclidean projection of the empirical estimate onto the simplex.
             ``em``: EM reconstruction (maximum likelihood; exact for uRR from counts, for uRAP from
             the sensitive-bit pattern counts, see :class:`FrequencyCounts`).

@@ -1,4 +1,5 @@
-"""Mergeable sufficient statistics and estimates of categorical frequency mechanisms (DESIGN §3)."""
+"""Mergeable sufficient statistics and estimates of categorical frequency mechanisms
+(docs/frequency.md §8)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ class FrequencyCounts:
     Notes
     -----
     Merging is exact (equal to counting the concatenated reports in one pass) as long as the
-    number of distinct patterns stays within ``max_patterns``. Source: DESIGN §3 (EM for uRAP:
-    "keep counts of distinct sensitive-bit patterns").
+    number of distinct patterns stays within ``max_patterns``. Source: docs/frequency.md §8 (EM for
+    uRAP keeps the counts of distinct sensitive-bit patterns: §4).
     """
 
     __slots__ = ("counts", "max_patterns", "n", "overflow_bits", "overflow_n", "patterns", "signature")
@@ -261,7 +262,7 @@ class FrequencyEstimate:
     method : str
         Estimation method used.
 
-    Source: DESIGN §3.
+    Source: docs/frequency.md §4–§5.
     """
 
     p: np.ndarray

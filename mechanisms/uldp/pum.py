@@ -1,5 +1,5 @@
 """Personalized ULDP mechanism (PUM): per-user sensitive values mapped to κ bot symbols before a
-common uRR/uRAP over the extended domain (Murakami & Kawamoto 2019 §5; DESIGN §3)."""
+common uRR/uRAP over the extended domain (Murakami & Kawamoto 2019 §5; docs/frequency.md §6)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class PUM:
 
     Notes
     -----
-    Source: paper §5.1–§5.3 (f_pre, ULDP of Q_cmn ∘ f_pre, estimation of r then p), DESIGN §3.
+    Source: paper §5.1–§5.3 (f_pre, ULDP of Q_cmn ∘ f_pre, estimation of r then p), docs/frequency.md §6.
     The guarantee for user i is (𝒳_S ∪ 𝒳_S⁽ⁱ⁾, 𝒴_P, ε)-ULDP.
     """
 

@@ -1,5 +1,5 @@
 """Utility-optimized RAPPOR (uRAP) and the generalized RAPPOR / OUE baselines
-(Murakami & Kawamoto 2019 §2.3, §3.3; DESIGN §3)."""
+(Murakami & Kawamoto 2019 §2.4, §4.2; docs/frequency.md §3, §7)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ class URAP(FrequencyMechanism):
 
     Notes
     -----
-    Source: paper §3.3 (Definition 4), DESIGN §3. Provides (𝒳_S, 𝒴_P, ε)-ULDP with 𝒴_P the
+    Source: paper §4.2 (Definition 4), docs/frequency.md §3. Provides (𝒳_S, 𝒴_P, ε)-ULDP with 𝒴_P the
     protected reports.
     """
 
@@ -373,7 +373,7 @@ class RAPPOR(URAP):
 
     Notes
     -----
-    Source: paper §2.3 ((θ, ε)-generalized RAPPOR), DESIGN §3 baselines; OUE is Wang et al. 2017.
+    Source: paper §2.4 ((θ, ε)-generalized RAPPOR), docs/frequency.md §3, §7; OUE is Wang et al. 2017.
     """
 
     def __init__(self, k: int, epsilon: float, theta: float | None = None,

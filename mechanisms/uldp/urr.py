@@ -1,5 +1,5 @@
-"""Utility-optimized randomized response (uRR) and k-ary RR (Murakami & Kawamoto 2019 §3.2;
-DESIGN §3)."""
+"""Utility-optimized randomized response (uRR) and k-ary RR (Murakami & Kawamoto 2019 §2.4, §4.1;
+docs/frequency.md §2, §7)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class URR(FrequencyMechanism):
 
     Notes
     -----
-    Source: paper §3.2 (Definition 3), DESIGN §3. Provides (𝒳_S, 𝒳_S, ε)-ULDP: protected
+    Source: paper §4.1 (Definition 3), docs/frequency.md §2. Provides (𝒳_S, 𝒳_S, ε)-ULDP: protected
     outputs are the sensitive codes.
     """
 
@@ -146,7 +146,7 @@ class URR(FrequencyMechanism):
 
     def _intercept_slope(self) -> tuple[np.ndarray, np.ndarray]:
         a = np.where(self.is_sensitive, self.c2, 0.0)
-        b = np.full(self.k, self.c3)  # c1 - c2 == c3 (DESIGN §3: divide, never multiply)
+        b = np.full(self.k, self.c3)  # c1 - c2 == c3 (docs/frequency.md §2: divide, never multiply)
         return a, b
 
     def _cov_factor(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -186,7 +186,7 @@ class RR(URR):
 
     Notes
     -----
-    Source: paper §2.3 (k-RR), DESIGN §3 baselines. c₁ = e^ε/(k + e^ε − 1) is the keep probability.
+    Source: paper §2.4 (k-RR), docs/frequency.md §2, §7. c₁ = e^ε/(k + e^ε − 1) is the keep probability.
     """
 
     def __init__(self, k: int, epsilon: float) -> None:
