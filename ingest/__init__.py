@@ -1,6 +1,6 @@
 """Producer side of ldp-stream: telemetry schema, client-side privatizer, columnar wire codec,
-Kafka producer, data sources and the embedded Tansu broker (DESIGN §4, §6, §7).
-Imports ``mechanisms``; never ``aggregator``."""
+Kafka producer, data sources and the embedded Tansu broker (docs/schema.md, docs/wire-format.md,
+docs/kafka.md). Imports ``mechanisms``; never ``aggregator``."""
 
 from ingest.errors import (
     BrokerError,

@@ -16,7 +16,7 @@ They only *accept* or *refuse* a record: any refusal sends the whole call back t
 decoder, which names the error of each record. The contract — accept exactly what
 ``codec.decode`` accepts, with the same reports — is tested in ``tests/ingest/test_decode_kernel.py``
 (every single-byte change, deletion and insertion of the fuzz seeds) and through ``decode_many``
-in ``tests/ingest/test_decode_many.py``. Layout: docs/wire-format.md, DESIGN §4; the layout
+in ``tests/ingest/test_decode_many.py``. Layout: docs/wire-format.md §1–§5; the layout
 constants are ``ingest.codec``'s.
 """
 

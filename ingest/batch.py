@@ -1,4 +1,4 @@
-"""The in-memory unit of transport: a batch of privatized reports in columnar form (DESIGN §4)."""
+"""The in-memory unit of transport: a batch of privatized reports in columnar form (docs/schema.md §3)."""
 
 from __future__ import annotations
 

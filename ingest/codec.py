@@ -1,4 +1,4 @@
-"""Columnar wire format of a batch of reports (DESIGN §4; specification in docs/wire-format.md).
+"""Columnar wire format of a batch of reports (specification: docs/wire-format.md §1–§5).
 
 ``encode(batch) -> bytes`` and ``decode(data, known_schemas) -> ReportBatch``. All integers are
 little-endian. Layout::

@@ -1,4 +1,6 @@
-"""Client-side privatizer: raw events → privatized :class:`~ingest.batch.ReportBatch` (DESIGN §2–4).
+"""Client-side privatizer: raw events → privatized :class:`~ingest.batch.ReportBatch`.
+
+Stated in docs/schema.md §3, docs/mechanisms.md §1 and docs/frequency.md §2, §3, §6.
 
 * Numeric fields: clipped into the schema's box, then ONE ZIL draw over all numeric fields per
   report (``mechanisms.zil.ZILMechanism``; a common zero indicator and a common W).
@@ -107,7 +109,8 @@ class Privatizer:
     Notes
     -----
     ``privatize`` returns a :class:`ReportBatch` of one report (a single-report record is a batch
-    of one, DESIGN §4). Source: DESIGN §2 (ZIL), §3 (uRR, uRAP, PUM), §4.
+    of one, docs/schema.md §3). Source: docs/mechanisms.md §1 (ZIL), docs/frequency.md §2, §3, §6
+    (uRR, uRAP, PUM).
     """
 
     def __init__(self, schema: TelemetrySchema, rng: RngLike = None, *,
@@ -117,7 +120,7 @@ class Privatizer:
         self.schema = schema
         client = getattr(schema, "client", None)
         if rng is None and client is not None and client.rng == "secure":
-            rng = "secure"  # the schema's [client] rng setting (issue 9)
+            rng = "secure"  # the schema's [client] rng setting (docs/privacy.md §6.3)
         self._rng = as_generator(rng)
         self._zil = schema.zil_mechanism()
         self._cat_mechs = {c.name: schema.categorical_mechanism(c.name) for c in schema.categorical}

@@ -1,4 +1,4 @@
-"""Telemetry schema: which fields a report carries and how each is privatized (DESIGN §4).
+"""Telemetry schema: which fields a report carries and how each is privatized (docs/schema.md §1–§2).
 
 A :class:`TelemetrySchema` is written by hand in TOML, e.g.::
 
@@ -23,7 +23,7 @@ A :class:`TelemetrySchema` is written by hand in TOML, e.g.::
     epsilon = 1.0
     # theta = 0.6             # uRAP only; default e^{ε/2}/(e^{ε/2}+1)
     # fallback = "other"      # unknown values map to this category instead of failing
-    # personalized = { bots = 1 }   # PUM (DESIGN §3): bot symbols appended to the domain
+    # personalized = { bots = 1 }   # PUM (docs/frequency.md §6): bot symbols appended to the domain
 
 The schema is frozen; its :attr:`TelemetrySchema.fingerprint` (16-byte blake2b of the canonical
 JSON) travels in every wire record and changes with any parameter.
@@ -69,7 +69,7 @@ _FINGERPRINT_DOMAIN = b"ldp-stream/schema/v1\n"
 
 
 class TelemetrySchema(FrozenModel):
-    """A versioned report schema (DESIGN §4).
+    """A versioned report schema (docs/schema.md §1–§2).
 
     Parameters
     ----------
@@ -202,7 +202,7 @@ class TelemetrySchema(FrozenModel):
     # ------------------------------------------------------------------ derived
     @cached_property
     def fingerprint(self) -> bytes:
-        """16-byte blake2b digest of :meth:`canonical_json` (DESIGN §4).
+        """16-byte blake2b digest of :meth:`canonical_json` (docs/schema.md §2).
 
         The calibrated scale is a deterministic function of fields that are hashed
         (epsilon, delta, zero_prob, d), so it is not hashed itself.
@@ -336,7 +336,7 @@ class TelemetrySchema(FrozenModel):
             entry gives the mechanism, ε, the sensitive-set size and what non-sensitive reports
             reveal.
 
-        Source: DESIGN §2 "Privacy accounting", §3.
+        Source: docs/privacy.md §2, docs/frequency.md §1, docs/schema.md §4.
         """
         out: dict[str, Any] = {
             "schema": self.name,

@@ -23,7 +23,7 @@ __all__ = [
 
 
 class NumericField(FrozenModel):
-    """One numeric field of the ZIL vector (DESIGN §2, §4).
+    """One numeric field of the ZIL vector (docs/schema.md §1; docs/mechanisms.md §1.4–§1.5).
 
     Parameters
     ----------
@@ -59,7 +59,8 @@ class NumericField(FrozenModel):
 
 
 class NumericGroup(FrozenModel):
-    """The numeric block: ONE ZIL(δ, λ²I) vector over all numeric fields (DESIGN §2).
+    """The numeric block: ONE ZIL(δ, λ²I) vector over all numeric fields (docs/schema.md §1;
+    docs/mechanisms.md §1.3).
 
     Parameters
     ----------
@@ -71,7 +72,7 @@ class NumericGroup(FrozenModel):
     epsilon, delta : float, optional
         Target record-level (ε, δ′) guarantee; λ is calibrated with
         ``mechanisms.privacy.calibrate_zil`` for the standardized box of diameter √d
-        (DESIGN §2 "Calibration"). Requires ``zero_prob < delta < 1`` and ``epsilon > 0``.
+        (docs/privacy.md §2.7). Requires ``zero_prob < delta < 1`` and ``epsilon > 0``.
     fields : list of NumericField
         At least one field; names unique.
 
@@ -118,7 +119,7 @@ class NumericGroup(FrozenModel):
 
 
 class PersonalizedSetting(FrozenModel):
-    """PUM setting of a categorical field (DESIGN §3, Murakami & Kawamoto §5).
+    """PUM setting of a categorical field (docs/frequency.md §6; Murakami & Kawamoto 2019 §5).
 
     Parameters
     ----------
@@ -132,7 +133,7 @@ class PersonalizedSetting(FrozenModel):
 
 
 class CategoricalField(FrozenModel):
-    """One categorical field privatized with uRR or uRAP (DESIGN §3).
+    """One categorical field privatized with uRR or uRAP (docs/schema.md §1; docs/frequency.md §2–§3).
 
     Parameters
     ----------
@@ -225,7 +226,7 @@ class CategoricalField(FrozenModel):
 
 
 class ClientSettings(FrozenModel):
-    """``[client]``: how clients of this schema draw their noise (issue 9, docs/privacy.md).
+    """``[client]``: how clients of this schema draw their noise (docs/privacy.md §6.3).
 
     Parameters
     ----------

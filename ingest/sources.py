@@ -1,4 +1,4 @@
-"""Event sources: CSV, JSON-lines, in-memory frames and named sources (DESIGN §7).
+"""Event sources: CSV, JSON-lines, in-memory frames and named sources (docs/schema.md §5).
 
 Every source yields the same two shapes:
 
