@@ -1,5 +1,6 @@
-"""Consumer side of ldp-stream: per-partition state, online estimators, exactly-once workers,
-checkpoints, merge/serve, metrics and the CLI (DESIGN §5). Imports ``mechanisms`` and ``ingest``."""
+"""Consumer side of ldp-stream: per-partition state, online estimators, exactly-once workers, checkpoints,
+merge/serve, metrics and the CLI (docs/architecture.md; docs/mechanisms.md §6, docs/reliability.md §1,
+docs/deploy.md). Imports ``mechanisms`` and ``ingest``."""
 
 from aggregator.errors import AggregatorError, ConfigError, LdpStreamError, StateError
 

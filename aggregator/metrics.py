@@ -1,5 +1,5 @@
-"""Prometheus metrics of the worker and of serve (DESIGN §5 names: prefix ``ldp_``, base units,
-``_total`` counters).
+"""Prometheus metrics of the worker and of serve (names as in docs/deploy.md, "Metrics": prefix
+``ldp_``, base units, ``_total`` counters).
 
 Every metrics object owns a private :class:`prometheus_client.CollectorRegistry` (never the global
 one), so several workers or servers can live in one process (tests) and each exposes only its own
@@ -71,7 +71,7 @@ def _base(name: str) -> str:
 
 
 class WorkerMetrics:
-    """Operational metrics of one worker process (DESIGN §5).
+    """Operational metrics of one worker process (docs/deploy.md, "Metrics").
 
     Parameters
     ----------
@@ -144,7 +144,7 @@ class WorkerMetrics:
 
 
 class ServeMetrics:
-    """Merged-estimate gauges of serve (DESIGN §5).
+    """Merged-estimate gauges of serve (docs/deploy.md, "Metrics").
 
     Gauges ``ldp_estimate``, ``ldp_estimate_stderr``, ``ldp_estimate_ci_lower``,
     ``ldp_estimate_ci_upper`` carry labels ``query`` and ``param`` (one series per estimated

@@ -1,4 +1,4 @@
-"""Query specifications: what a pipeline estimates (DESIGN §5).
+"""Query specifications: what a pipeline estimates (docs/configuration.md, "Queries").
 
 A query is a frozen pydantic model, discriminated on ``kind``; :data:`Query` is the union and
 :func:`parse_query` builds one from a plain mapping (a ``[[queries]]`` TOML table). Every query has
@@ -7,7 +7,7 @@ Prometheus gauges) and a confidence ``level`` for its intervals. Field names ref
 pipeline's :class:`ingest.schema.TelemetrySchema`; they are checked against it by
 :meth:`aggregator.config.PipelineConfig.load` (and by :func:`aggregator.state.build_state`).
 
-Kinds and their estimators (DESIGN §2):
+Kinds and their estimators (docs/mechanisms.md §3–§6, docs/frequency.md §4):
 
 ==========================  ========================================  ==================
 kind                        fields                                    estimator
@@ -103,7 +103,7 @@ _STEP_POWER = finite_float(0.5, 1.0, high_open=True)
 
 
 class SGDOptions(StrictModel):
-    """Tuning of the online averaged-SGD estimators (DESIGN §5).
+    """Tuning of the online averaged-SGD estimators (docs/mechanisms.md §6.5–§6.9).
 
     Step ``γ_t = step0 · t^(−step_power)`` on mini-batches of ``batch_size`` reports; the
     Polyak–Ruppert average of the iterates is the estimate (Lee, Liao, Seo & Shin 2022).
@@ -167,7 +167,7 @@ class _QueryBase(StrictModel):
 
 
 class FrequencyQuery(_QueryBase):
-    """Distribution of a categorical field (uRR or uRAP; DESIGN §3).
+    """Distribution of a categorical field (uRR or uRAP; docs/frequency.md §2–§4).
 
     Attributes
     ----------
@@ -188,7 +188,7 @@ class FrequencyQuery(_QueryBase):
 
 
 class MeanQuery(_QueryBase):
-    """Mean of a numeric field (DESIGN §2 closed forms): SDR = mean X̃₁ (default),
+    """Mean of a numeric field (docs/mechanisms.md §3.1, §6.1): SDR = mean X̃₁ (default),
     DR = [mean X̃₁ − (1−δ) mean X̃₂]/δ, SL = mean X̃₂, naive = mean X̃₁."""
 
     kind: Literal["mean"] = "mean"
@@ -197,7 +197,7 @@ class MeanQuery(_QueryBase):
 
 
 class VarianceQuery(_QueryBase):
-    """Variance of a numeric field; SDR: mean X̃₁² − (1−δ)σ² − (mean X̃₁)² (DESIGN §2)."""
+    """Variance of a numeric field; SDR: mean X̃₁² − (1−δ)σ² − (mean X̃₁)² (docs/mechanisms.md §3.3, §6.1)."""
 
     kind: Literal["variance"] = "variance"
     field: str
@@ -205,7 +205,7 @@ class VarianceQuery(_QueryBase):
 
 
 class QuantilesQuery(_QueryBase):
-    """Quantiles of a numeric field from the DR CDF F̂ = [F̂₁ − (1−δ)F̂₂]/δ (DESIGN §2).
+    """Quantiles of a numeric field from the DR CDF F̂ = [F̂₁ − (1−δ)F̂₂]/δ (docs/mechanisms.md §6.2).
 
     Attributes
     ----------
@@ -257,7 +257,7 @@ class _RegressionBase(_QueryBase):
 
 class LinearRegressionQuery(_RegressionBase):
     """Least squares ``response ~ covariates`` with noised covariates, SDR closed form:
-    ``(X̃₁ᵀX̃₁/n − (1−δ) D) β = X̃₁ᵀy/n`` (DESIGN §2), sandwich standard errors."""
+    ``(X̃₁ᵀX̃₁/n − (1−δ) D) β = X̃₁ᵀy/n`` (docs/mechanisms.md §3.4, §6.3), sandwich standard errors."""
 
     kind: Literal["linear_regression"] = "linear_regression"
     response: str

@@ -1,4 +1,4 @@
-"""``ldp-stream broker``: run the embedded Tansu broker in the foreground (DESIGN §6)."""
+"""``ldp-stream broker``: run the embedded Tansu broker in the foreground (docs/kafka.md §1)."""
 
 from __future__ import annotations
 

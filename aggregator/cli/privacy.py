@@ -1,4 +1,4 @@
-"""``ldp-stream privacy``: ZIL privacy accounting from the command line (DESIGN §2).
+"""``ldp-stream privacy``: ZIL privacy accounting from the command line (docs/privacy.md §2–§3).
 
 Subcommands:
 

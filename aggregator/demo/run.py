@@ -1,6 +1,6 @@
 """``ldp-stream demo``: real NYC flight telemetry, end to end, through a real Kafka-protocol broker.
 
-What it runs (DESIGN §1, §5–7):
+What it runs (docs/architecture.md; docs/reliability.md §1; docs/schema.md §5):
 
 1. an embedded Tansu broker on a free 127.0.0.1 port (:class:`ingest.broker.EmbeddedBroker`);
 2. the reports, state and dead-letter topics;

@@ -6,7 +6,7 @@ estimators: numpy moments and quantiles, category frequencies, least squares, an
 the logistic and check losses.
 
 The target of every estimator is the statistic of the values **after** clipping into the
-schema bounds (DESIGN §2: values are clipped before noise), so ``raw`` must already be clipped.
+schema bounds (docs/mechanisms.md §1.5: values are clipped before noise), so ``raw`` must already be clipped.
 """
 
 from __future__ import annotations

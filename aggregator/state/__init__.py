@@ -1,4 +1,4 @@
-"""Mergeable state objects, one per estimator family (DESIGN §2, §5).
+"""Mergeable state objects, one per estimator family (docs/mechanisms.md §6).
 
 * :class:`CountsState` — frequency of a uRR/uRAP field (``frequency``);
 * :class:`MomentsState` — mean and variance (``mean``, ``variance``);

@@ -20,7 +20,7 @@ compute the same quantities in one pass each without the GIL:
   the same pass (``aggregator.state.doubling.double_records``).
 
 Each is checked against an independent NumPy computation in ``tests/aggregator/test_kernels.py``.
-Source: DESIGN §5 (state families), §3 (uRAP counts).
+Source: docs/mechanisms.md §2.2, §6.1, §6.2; docs/frequency.md §8 (uRAP counts).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def moments_batch(a, b):  # pragma: no cover - compiled
 def _bin(v, low, inv_w, pad):  # pragma: no cover - compiled
     """Bin of a finite ``v``: the clamp and the ±1 corrections are written without branches.
     Reports outside ``[low, high]`` are common (the noise is wide) and fall below or above at
-    random, so an ``if`` per side mispredicted: 20 → 9 ns per report for :func:`histogram3`."""
+    random, so an ``if`` per side would often be mispredicted."""
     nb = pad.shape[0] - 2  # number of edges
     k = int(min(max(np.ceil((v - low) * inv_w), 0.0), float(nb)))
     k -= pad[k] >= v  # edges[k - 1] >= v: one edge fewer lies below v
@@ -138,12 +138,11 @@ def urap_counts(indices, offsets, rank, k, s):  # pragma: no cover - compiled
     bad_count : int
         Its number of non-sensitive bits.
 
-    Three flat loops, none whose trip count is a report's length (such a loop's exit, and the
-    "protected" test, mispredicted per report: carrier 15 → 9, destinations 19 → 14 ns per
-    report): the positions (counts, and a running count of non-sensitive bits), the reports
-    (their non-sensitive bits as a difference of that running count; a protected report marks
-    where it starts and ends), the positions again (each adds its report's mark to its
-    sensitive rank; non-sensitive positions go to a spare slot).
+    Three flat loops, none whose trip count is a report's length (such a loop's exit, and the "protected"
+    test, would be mispredicted once per report): the positions (counts, and a running count of
+    non-sensitive bits), the reports (their non-sensitive bits as a difference of that running count; a
+    protected report marks where it starts and ends), the positions again (each adds its report's mark to
+    its sensitive rank; non-sensitive positions go to a spare slot).
     """
     n = offsets.shape[0] - 1
     counts = np.zeros(k, np.int64)

@@ -1,8 +1,8 @@
 """Compiled mini-batch loop of :class:`aggregator.state.sgd.SGDState` for the built-in index losses.
 
 The Python loop of ``SGDState._update`` pays ~100 µs of interpreter and NumPy call overhead per
-mini-batch step (four gradient/Hessian calls on 64 rows), which capped a worker at ≈ 1.1·10⁵
-reports/s on the flights pipeline (docs/benchmarks.md). This module runs the *same* algorithm —
+mini-batch step (four gradient/Hessian calls on 64 rows), which would limit a worker to about 10⁵
+reports/s on the flights pipeline (docs/benchmarks.md §3.3). This module runs the *same* algorithm —
 the same steps, anchors, one-step sums and random-scaling sums, in the same order — as one
 numba-compiled loop over the mini-batches, for losses ``φ(η, y)`` with ``η = zᵀθ``:
 
@@ -15,12 +15,11 @@ The corrected gradient of one report is ``a·φ_η(η₁, y₁) z₁ − b·φ_�
 ``(a, b) = (1/δ, (1−δ)/δ)`` for DR and ``(1, 0)`` for naive/oracle (``mechanisms.corrected``);
 Hessians combine the same way. Each mini-batch is held column-wise (q × batch) and its sums over
 rows are vectorized dot products; the symmetric sums (Hessians, ``Σ g gᵀ``) are accumulated on
-their upper triangle. With the anchor pass that doubles the row work, this took the thresholded
-logistic with one-step sums from 0.13 to 0.05–0.09 µs per report (``benchmarks.pipeline``,
-section breakdown). Results agree with the Python loop to rounding (sums in another order);
-``tests/aggregator/test_sgd_kernel.py`` checks it.
+their upper triangle. The anchor pass doubles the row work; the cost per report is measured by
+``benchmarks.pipeline`` (section breakdown; docs/benchmarks.md §3.2). Results agree with the
+Python loop to rounding (sums in another order); ``tests/aggregator/test_sgd_kernel.py`` checks it.
 
-Source: DESIGN §5 (online M-estimation), ``aggregator.state.sgd`` module docstring.
+Source: docs/mechanisms.md §6.5–§6.7, ``aggregator.state.sgd`` module docstring.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def _fill(ub, x, cols, shift, scale, intercept, label_mode, t_label, start, stop
     """Design columns ``zt`` (q, stop − start) and labels ``yb`` of stream rows ``[start, stop)``:
     rows ``< len(ub)`` come from the standardized buffer ``ub``, the others from ``x``
     standardized on the fly as ``u = (x[:, cols] − shift)/scale`` (the same arithmetic as
-    ``SGDState._std``). Column by column: the row loop with a branch per column was not
-    vectorized (median regression 14.8 → 12.1 ns per report in process)."""
+    ``SGDState._std``). Column by column, so that each row loop has no branch per column
+    and is vectorized."""
     m = ub.shape[0]
     k = cols.shape[0] - 1
     off = 1 if intercept else 0

@@ -1,4 +1,4 @@
-"""State base API shared by every estimator family (DESIGN §5).
+"""State base API shared by every estimator family (docs/mechanisms.md §6).
 
 A *state* is the mergeable, serializable summary a worker keeps per (query, partition):
 

@@ -1,4 +1,5 @@
-"""Frequency state of a categorical (uRR / uRAP) field: mergeable counts (DESIGN §3, §5).
+"""Frequency state of a categorical (uRR / uRAP) field: mergeable counts
+(docs/frequency.md §8; docs/mechanisms.md §6.4).
 
 Wraps ``mechanisms.uldp``: ``mechanism.counts(column)`` per batch, exact merge with ``+``, and
 ``mechanism.estimate(counts, method, level)`` for the estimate.
@@ -51,7 +52,7 @@ class CountsState(State):
         self.mechanism = schema.categorical_mechanism(field)
         if self.query.method != "em" and getattr(self.mechanism, "max_patterns", 0):
             # the distinct sensitive-bit patterns of uRAP reports serve only EM; counting them
-            # was 3/4 of a worker's cost for this state (dict of hex keys per record)
+            # would take most of a worker's time for this state (a dict of hex keys per record)
             self.mechanism.max_patterns = 0
         self._fast = None
         from mechanisms.uldp import URAP

@@ -41,7 +41,7 @@ def doubling_draws(records, counts, dim: int) -> np.ndarray:
     """Standard symmetric-Laplace draws ``sqrt(W)·G`` (``SL_dim(I)``) for the reports of records,
     deterministic per record.
 
-    The worker doubles every report as ``X̃₂ = X̃₁ + sqrt(δλ²)·range·sqrt(W)·G`` (DESIGN §2, the
+    The worker doubles every report as ``X̃₂ = X̃₁ + sqrt(δλ²)·range·sqrt(W)·G`` (docs/mechanisms.md §2.2, the
     arithmetic of ``mechanisms.zil.sample_sl``) with these draws: record ``r``'s rows come from
     SplitMix64 seeded with :func:`doubling_seed` of its bytes (layout in
     ``aggregator.state._kernels.sl_draws``), so they depend only on the record — not on how
@@ -83,7 +83,7 @@ def double_records(records, counts, x1: np.ndarray, sd: float) -> np.ndarray:
     (deterministic per record, see :func:`doubling_draws`) with the scaling and the sum done in
     the compiled loop that draws them (``aggregator.state._kernels.sl_double``), not in two more
     passes over the arrays. The worker calls it with ``sd = sqrt(zero_prob · noise_variance)``
-    (``δλ²·range²`` per coordinate, DESIGN §2).
+    (``δλ²·range²`` per coordinate, docs/mechanisms.md §2.1).
 
     Parameters
     ----------

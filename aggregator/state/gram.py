@@ -1,4 +1,4 @@
-"""SDR linear regression from mergeable Gram matrices (DESIGN §2 closed form).
+"""SDR linear regression from mergeable Gram matrices (docs/mechanisms.md §6.3; closed form of §3.4).
 
 With design ``z = (1, x̃_cov)`` (intercept optional) and response ``ỹ`` — all released ``X̃₁`` values
 in original units — the SDR estimate solves::

@@ -1,4 +1,4 @@
-"""DR CDF and quantiles of a numeric field from mergeable histograms (DESIGN §2).
+"""DR CDF and quantiles of a numeric field from mergeable histograms (docs/mechanisms.md §6.2).
 
 The state keeps three integer histograms over fixed edges ``e_0 = low < … < e_B = high`` of the
 field (``B = query.bins``), each with an underflow (``x ≤ low``) and an overflow (``x > high``)
@@ -21,8 +21,7 @@ At the edges the empirical CDFs are ``F̂₁``, ``F̂₂`` and ``F̂_max(t) = #{
   checked by simulation in ``tests/aggregator/test_state_stats.py``. The limits are rounded
   outwards to the edges of their bins: a histogram cannot place mass within a bin, and with
   discrete data (integer minutes) an interpolated limit would sit strictly inside the bin of the
-  atom that *is* the quantile and exclude it (seen on the flights: median −5 min, interval
-  [−5.093, −5.019] before the rounding).
+  atom that *is* the quantile and exclude it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Mean and variance of a numeric field from mergeable moments of X̃₁ and X̃₂ (DESIGN §2).
+"""Mean and variance of a numeric field from mergeable moments of X̃₁ and X̃₂
+(docs/mechanisms.md §6.1; closed forms §3.1, §3.3).
 
 The state keeps, for the per-report vector ``z = (X̃₁, X̃₂, X̃₁², X̃₂²)`` of the query's field, the
 count ``n``, the mean ``z̄`` (4,) and the co-moment matrix ``C = Σ (z − z̄)(z − z̄)ᵀ`` (4, 4),

@@ -1,4 +1,4 @@
-"""Registry of state classes by query kind, and :func:`build_state` (DESIGN §5)."""
+"""Registry of state classes by query kind, and :func:`build_state` (docs/mechanisms.md §6)."""
 
 from __future__ import annotations
 

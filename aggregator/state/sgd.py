@@ -1,8 +1,8 @@
 """Online averaged SGD on a corrected gradient, with one-step (plug-in) or random-scaling CIs.
 
-Serves ``logistic_regression``, ``quantile_regression`` and ``custom`` queries (DESIGN §5). The
-state is mergeable and serializable like every state (:mod:`aggregator.state.base`); its
-measured accuracy and speed are in docs/benchmarks.md.
+Serves ``logistic_regression``, ``quantile_regression`` and ``custom`` queries (docs/mechanisms.md
+§6.5–§6.10). The state is mergeable and serializable like every state (:mod:`aggregator.state.base`); its
+measured accuracy and speed are in docs/benchmarks.md §2 and §3.
 
 Iterates (Polyak–Ruppert averaged SGD): reports are grouped into mini-batches of
 ``sgd.batch_size`` (a remainder is buffered until the next update); step ``t`` moves
@@ -17,7 +17,7 @@ after ``burn_in`` steps, every mini-batch adds exact sums at an anchor ``a_t`` �
 average ``θ̄_{t−1}`` (the iterate for the first accumulated batch) — of the corrected gradient
 ``G = Σ g_i(a_t)`` (q), the corrected θ-Hessian ``H = Σ H_i(a_t)`` (q×q), ``Hθ = Σ H_i(a_t) a_t``
 (q), ``S = Σ g_i g_iᵀ`` (q×q) and the count ``m``. ``H_i`` is the DR combination
-``[H(x₁) − (1−δ)H(x₂)]/δ`` (unbiased for ``E ∇²θ ℓ(X, θ)``, DESIGN §2) of the analytic Hessian
+``[H(x₁) − (1−δ)H(x₂)]/δ`` (unbiased for ``E ∇²θ ℓ(X, θ)``, docs/mechanisms.md §6.6) of the analytic Hessian
 (``Loss.mean_hessian_theta``), of a central difference of the corrected gradient (smooth custom
 losses without one), or of a Gaussian-kernel smoothed Hessian (kinked losses) kept for a ladder
 of bandwidths ``2^(−k/2)`` and chosen at estimate time (:meth:`SGDState.bandwidth`). The estimate
@@ -339,8 +339,8 @@ class SGDState(State):
     def _batch_hessian(self, x1: np.ndarray, x2: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """Corrected θ-Hessian summed over one mini-batch, shape (K, q, q).
 
-        DR form ``[H(x₁) − (1−δ)H(x₂)]/δ`` for dr/sdr/sl (unbiased for ``E ∇²θ ℓ(X, θ)``, DESIGN
-        §2), ``H(x₁)`` for naive; K = number of bandwidths of the ladder (1 otherwise).
+        DR form ``[H(x₁) − (1−δ)H(x₂)]/δ`` for dr/sdr/sl (unbiased for ``E ∇²θ ℓ(X, θ)``,
+        docs/mechanisms.md §6.6), ``H(x₁)`` for naive; K = number of bandwidths of the ladder (1 otherwise).
         """
         L, n = self.loss, x1.shape[0]
         if self.hmode == "numeric":
@@ -537,7 +537,7 @@ class SGDState(State):
         Solves the linearized estimating equation ``G + H θ − Hθ = 0`` from the sums
         ``G = Σ g_i(θ_t)``, ``H = Σ H_i(θ_t)``, ``Hθ = Σ H_i(θ_t) θ_t``, ``S = Σ g_i g_iᵀ`` over
         the ``m`` reports after burn-in: ``θ̂ = H⁻¹(Hθ − G)``, ``Cov = H⁻¹ (S − G Gᵀ/m) H⁻ᵀ``
-        (DESIGN §2 sandwich V⁻¹AV⁻¹/n with sums in place of means).
+        (docs/mechanisms.md §6.6: the sandwich V⁻¹AV⁻¹/n of §4.2 with sums in place of means).
 
         Returns
         -------
@@ -592,9 +592,9 @@ class SGDState(State):
                 f"batch_size {self.opts.batch_size}); an estimate needs at least 2")
         # step-count weights ω_k = s_k/Σs: θ = Σ ω_k θ̄_k, Var = Σ ω_k² V̂_k/s_k, and the critical
         # value of K combined random-scaling ratios (rs_critical). Weights 1/V̂_k (inverse
-        # variance) let the run whose V̂ came out smallest by chance dominate: 95 % intervals
-        # merged from 4 partitions of 5k / 20k reports covered in 61 / 83 % of simulated
-        # streams, now 84 / 92 % (40k each: 94 %; tests/aggregator/test_state_stats.py)
+        # variance) would let the run whose V̂ came out smallest by chance dominate and the
+        # merged intervals under-cover (docs/mechanisms.md §6.8; coverage checked in
+        # tests/aggregator/test_state_stats.py)
         vals = np.array([self.M @ theta + self.a for theta, _V, _s in comps])
         var = np.array([np.diag(self.M @ V @ self.M.T) / s for _theta, V, s in comps])
         steps = np.array([s for _theta, _V, s in comps], dtype=np.float64)
