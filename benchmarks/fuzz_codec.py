@@ -1,4 +1,4 @@
-"""Coverage-guided fuzzing of the wire decoder (``ingest.codec.decode``), issue 9.
+"""Coverage-guided fuzzing of the wire decoder (``ingest.codec.decode``; docs/reliability.md §5).
 
 Property checked on every input: ``decode`` either raises a :class:`ingest.errors.DecodeError`
 whose ``reason`` is one of :data:`ingest.codec.DECODE_REASONS` other than ``internal_error``, or

@@ -1,4 +1,5 @@
-"""Produce throughput through the embedded Tansu broker (DESIGN §4 "batching is the main lever").
+"""Produce throughput through the embedded Tansu broker (docs/schema.md §3, docs/benchmarks.md §3.1:
+batching is the main lever).
 
 For reports_per_record in (1, 100, 1000): time ``ReportProducer.send`` + ``close`` of pre-privatized
 flight reports (slicing, encoding, sending, waiting for every ack), next to a raw kafka-python

@@ -1,4 +1,4 @@
-"""Guarantee enforcement (issue 9).
+"""Guarantee enforcement (docs/reliability.md §7, docs/privacy.md §6.3).
 
 * Values are clipped into the schema box before noise on every client code path: single event
   (``Privatizer.privatize``), batch (``privatize_batch``), ``ReportProducer.send_events`` and
@@ -181,7 +181,8 @@ def test_secure_rng_bad_values():
 
 
 def test_secure_rng_noise_has_the_sl_law():
-    """ZIL noise through ChaCha20: P(exact) = δ and Var = (1 − δ)·λ²·range² (DESIGN §2), 4·SE."""
+    """ZIL noise through ChaCha20: P(exact) = δ and Var = (1 − δ)·λ²·range² (docs/mechanisms.md §1.2),
+    4·SE."""
     from mechanisms.zil import ZILMechanism
 
     n, delta = 200_000, 0.3

@@ -144,8 +144,8 @@ def test_empty_or_meaningless_path_and_timeout_arguments_are_refused(argv, line,
 
 def test_produce_refuses_a_source_without_the_schemas_columns_before_connecting(tmp_path, capsys):
     """The first chunk is privatized before the producer connects: with no broker at all the
-    error is the source's (it used to be 'no Kafka broker reachable', or, with a broker, the
-    topic was created and a counts line printed before the column error)."""
+    error is the source's column error, not 'no Kafka broker reachable' (and with a broker, no topic
+    is created and no counts line printed before it)."""
     dead = free_port()  # a port nobody listens on
     csv = tmp_path / "wrong.csv"
     csv.write_text("a,b\n1,2\n")

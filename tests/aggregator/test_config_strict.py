@@ -1,4 +1,4 @@
-"""Config validation found by a new user: regressions on no covariate, a logistic threshold that
+"""Config validation: regressions on no covariate, a logistic threshold that
 makes the label constant, TOML values of the wrong type silently coerced, nan/inf settings, the
 pipeline name, and custom losses that do not declare their fields noised (the docs' interface and
 factory example are checked against the code)."""

@@ -27,9 +27,9 @@ def _run(script: str, timeout: float) -> subprocess.CompletedProcess:
 def test_spawning_children_does_not_hang_a_matrix_product_on_another_thread(tmp_path):
     # The demo computes the non-private truth (OpenBLAS products over every flight) on a thread
     # while it starts workers and serve. Children started with preexec_fn make subprocess fork
-    # the whole process and run OpenBLAS's fork handler, which left such a product spinning
-    # forever (a fresh-clone `make demo` hung at 100 % CPU); before the fix this script printed
-    # "stuck" after 1-3 spawns.
+    # the whole process and run OpenBLAS's fork handler, which can leave such a product spinning
+    # forever at 100 % CPU. The script prints "stuck" unless the product thread finishes after 12
+    # spawns.
     script = f"""
         import threading
         import numpy as np

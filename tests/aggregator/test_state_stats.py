@@ -1,5 +1,5 @@
 """Statistical tests of the state estimators against independent batch computations
-(``mechanisms.estimation``) and coverage of their confidence intervals (DESIGN §2, §5)."""
+(``mechanisms.estimation``) and coverage of their confidence intervals (docs/mechanisms.md §4, §6)."""
 
 from __future__ import annotations
 

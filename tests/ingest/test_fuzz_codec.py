@@ -1,5 +1,5 @@
-"""Fuzzing the wire decoder for a bounded time (issue 9): coverage-guided with atheris (libFuzzer)
-when installed, plus a hypothesis mutation fuzzer that always runs. Target and contract:
+"""Fuzzing the wire decoder for a bounded time (docs/reliability.md §5): coverage-guided with atheris
+(libFuzzer) when installed, plus a hypothesis mutation fuzzer that always runs. Target and contract:
 ``benchmarks/fuzz_codec.py`` (``check_one``)."""
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def test_flights_numeric_means_and_carrier_distribution():
     raw = np.column_stack([cols[f][ok].astype(float) for f in s.numeric_names])
     clipped = np.clip(raw, zil.low, zil.high)
     n = b.n
-    # Var X̃₁ = Var X + (1 − δ) λ² range²  (DESIGN §2)
+    # Var X̃₁ = Var X + (1 − δ) λ² range²  (docs/mechanisms.md §1.2)
     se = np.sqrt(clipped.var(axis=0) + (1 - zil.zero_prob) * zil.noise_variance) / math.sqrt(n)
     dev = np.abs(b.numeric.mean(axis=0) - clipped.mean(axis=0))
     assert np.all(dev < 4.5 * se), (dev / se)

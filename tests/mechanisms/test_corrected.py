@@ -1,4 +1,5 @@
-"""Corrected losses: unbiasedness identities (DESIGN §2) by Monte Carlo, SE-based tolerances."""
+"""Corrected losses: unbiasedness identities (docs/mechanisms.md §2.3–§2.5) by Monte Carlo, SE-based
+tolerances."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_dr_unbiased_for_kinked_regression_losses(loss):
 
 
 def test_bernoulli_variance_identities():
-    """DESIGN §2 / paper §6 (Bernoulli model): Var X̃₁ = Var X + (1−δ)σ², Var X̃₂ = Var X + σ²,
+    """docs/mechanisms.md §3.1 / paper §6 (Bernoulli model): Var X̃₁ = Var X + (1−δ)σ², Var X̃₂ = Var X + σ²,
     i.e. the variances of the SDR (mean of X̃₁) and SL (mean of X̃₂) estimators of a mean."""
     rng = np.random.default_rng(15)
     n, p, d, lam = 400_000, 0.3, 0.2, 0.8

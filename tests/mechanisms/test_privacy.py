@@ -1,7 +1,7 @@
 """Tests of mechanisms.privacy: trade-off functions, (ε, δ̃) conversion, calibration, guarantees.
 
 Reference numbers: tests/reference/reference_values.json (computed independently with scipy; see its README).
-Formulas: DESIGN §2 "Privacy accounting"; paper Prop. 3.1–3.2, Thm 3.1–3.3, Fig. 1, §7.1.
+Formulas: docs/privacy.md §2; paper Prop. 3.1–3.2, Thm 3.1–3.3, Fig. 1, §7.1.
 """
 
 from __future__ import annotations
@@ -285,10 +285,9 @@ def _delta_c_quad(eps: float, c: float) -> float:
 
 
 def test_delta_c_large_epsilon_against_quadrature_and_limit():
-    """Large ε (≈ c²): the fixed log-w grid could not resolve the integrand's step at w* and was off
-    by up to 1.7e-3 (c = 1000, ε = c²; 1.2e-4 at c = 100, ε = 3c²), in both directions. Now within
-    1e-10 of adaptive quadrature, for moderate ε too; and for c → ∞ at ε = k·c² it tends to
-    P(W < 1/(2k)) = 1 − e^(−1/(2k)), the limit of the privacy loss (c/√W)·(Y − c/(2√W))."""
+    """Large ε (≈ c²), where the integrand has a step at w* that a fixed log-w grid does not resolve: δ_c is
+    within 1e-10 of adaptive quadrature, for moderate ε too; and for c → ∞ at ε = k·c² it tends to P(W <
+    1/(2k)) = 1 − e^(−1/(2k)), the limit of the privacy loss (c/√W)·(Y − c/(2√W))."""
     cases = [(0.5, 8.0), (3.0, 20.0), (3.0, 50.0), (10.0, 374.0)]
     cases += [(c, k * c * c) for c in (100.0, 300.0, 1000.0) for k in (0.25, 1.0, 3.0)]
     for c, eps in cases:

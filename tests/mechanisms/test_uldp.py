@@ -1,5 +1,5 @@
 """Fast tests of the categorical ULDP mechanisms: constants, validation, output law, counts,
-merging, estimation methods, PUM (DESIGN §3; reference_values.json)."""
+merging, estimation methods, PUM (docs/frequency.md §2–§8; reference_values.json)."""
 
 from __future__ import annotations
 

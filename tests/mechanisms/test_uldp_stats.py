@@ -1,5 +1,5 @@
 """Statistical tests of the ULDP mechanisms: expected loss (reference_values.json), EM vs
-empirical, uRR/uRAP vs RR/RAPPOR, and the ULDP audit (DESIGN §3)."""
+empirical, uRR/uRAP vs RR/RAPPOR, and the ULDP audit (docs/frequency.md §1, §4–§5)."""
 
 from __future__ import annotations
 

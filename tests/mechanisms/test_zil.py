@@ -1,7 +1,7 @@
 """Tests of mechanisms.zil: the ZIL sampler, clipping, consumer-side doubling, parameter checks.
 
-Laws (DESIGN §2, paper §3.1): SL_d(Σ) = √W·N(0, Σ) with W ~ Exp(1), Var = Σ, d = 1 Laplace with
-scale sqrt(Σ/2); ZIL(δ, Σ) = 0 w.p. δ else SL_d(Σ); X̃₂ − X ~ SL_d(λ² diag(range²)).
+Laws (docs/mechanisms.md §1.1–§1.2, §2.1; paper §3.1): SL_d(Σ) = √W·N(0, Σ) with W ~ Exp(1), Var = Σ,
+d = 1 Laplace with scale sqrt(Σ/2); ZIL(δ, Σ) = 0 w.p. δ else SL_d(Σ); X̃₂ − X ~ SL_d(λ² diag(range²)).
 Tolerances: 4 standard errors estimated from the same sample (the SE of a mean of squares is
 std(squares)/√n); KS tests reject at p < 1e-5.
 """
