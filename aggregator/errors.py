@@ -28,3 +28,8 @@ class DemoError(AggregatorError):
 class CheckpointError(StateError):
     """A state-topic record is not a valid checkpoint (bad magic, version, lengths or header), or
     a checkpoint does not fit the pipeline (another schema fingerprint or query set)."""
+
+
+class StoppedDuringStartup(AggregatorError):
+    """SIGTERM or SIGINT before ``ldp-stream work`` consumes (imports, compiling, topic set-up):
+    nothing to checkpoint; ``args[0]`` is the signal number."""

@@ -41,23 +41,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-class _StoppedEarly(Exception):
-    """SIGTERM/SIGINT before the worker consumes (imports, compiling, topic set-up)."""
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the worker until SIGTERM/SIGINT, ``--max-reports`` or ``--exit-when-idle``.
 
     A signal during start-up (imports, kernel compilation, connecting, creating topics — seconds
     before the first poll) stops it too, with one line and exit status 0: nothing was consumed,
     so there is nothing to checkpoint."""
+    from aggregator.errors import StoppedDuringStartup
+
     def _early(signum, frame):
-        raise _StoppedEarly(signum)
+        raise StoppedDuringStartup(signum)
 
     old = {s: signal.signal(s, _early) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _run(args, old)
-    except _StoppedEarly as exc:
+    except StoppedDuringStartup as exc:
         print(f"ldp-stream work: stopped by {signal.Signals(exc.args[0]).name} during start-up; "
               "nothing was consumed", file=sys.stderr)
         return 0
