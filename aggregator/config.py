@@ -467,18 +467,11 @@ def _one_line(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------------- validation
 def _numeric_names(schema) -> tuple[str, ...]:
-    return tuple(getattr(schema, "numeric_names", ()) or ())
+    return schema.numeric_names
 
 
 def _categorical_names(schema) -> tuple[str, ...]:
-    names = getattr(schema, "categorical_names", None)
-    if names is not None:
-        return tuple(names)
-    fields = getattr(schema, "categorical", None) or getattr(schema, "categorical_fields", None) or ()
-    out = []
-    for f in fields:
-        out.append(f if isinstance(f, str) else getattr(f, "name", str(f)))
-    return tuple(out)
+    return schema.categorical_names
 
 
 def _is_smooth(loss) -> bool:
