@@ -1,4 +1,4 @@
-"""Batch re-analysis of the stored reports (DESIGN §2 "M-estimate", §5).
+"""Batch re-analysis of the stored reports (docs/mechanisms.md §4).
 
 Reports are already private, so the reports topic can be replayed and re-analysed any number of
 times, with any loss, at no further privacy cost. :func:`replay` reads the reports topic from the

@@ -1,4 +1,5 @@
-"""Checkpoint blobs and the state-topic reader (DESIGN §5, exactly-once without transactions).
+"""Checkpoint blobs and the state-topic reader (docs/reliability.md §1, exactly-once without
+transactions).
 
 A *checkpoint* is the complete state of one partition of the reports topic: the serialized
 state of every query, the number of reports folded in, and ``next_offset`` — the first offset of
@@ -108,7 +109,7 @@ class Checkpoint:
     version : int
         Format version (:data:`CHECKPOINT_VERSION`).
 
-    Source: DESIGN §5.
+    Source: docs/reliability.md §1.1; the layout: docs/wire-format.md §6.
     """
 
     pipeline: str
@@ -222,8 +223,9 @@ class StateTopicReader:
     A consumer without a group is assigned every partition of the topic and reads from the
     beginning; :meth:`catch_up` polls until each partition's position reaches its end. The end is
     the larger of ``end_offsets()`` taken at the start of the call and the high watermark carried
-    by fetch responses (``consumer.highwater``) — Tansu's ``end_offsets`` can be too small
-    (DESIGN §6), the fetch high watermark is right; tolerating both works on either broker.
+    by fetch responses (``consumer.highwater``; :func:`ingest.clients.read_to_end`) — Tansu's
+    ``end_offsets`` can be too small (docs/kafka.md §2.2), the fetch high watermark is right;
+    tolerating both works on either broker.
 
     Parameters
     ----------

@@ -43,7 +43,7 @@ class PipelineRuntime:
     restore_state : callable (name, bytes) → state
         Inverse of ``state.to_bytes()`` for the query ``name``; raises on a corrupt blob.
     double : callable (ReportBatch, bytes) → ndarray (n, d)
-        ``X̃₂`` of the batch, seeded from the record bytes (DESIGN §2 doubling).
+        ``X̃₂`` of the batch, seeded from the record bytes (docs/mechanisms.md §2.2).
     queries : mapping or None
         Query specs by name; their names are the plan's query set (checkpoints must hold exactly
         these). ``None``: the names of ``new_states()``.

@@ -8,7 +8,7 @@ and the one way to read a topic to its end.
 * :func:`reader_client` — a consumer without a group that reads from the beginning (state-topic
   readers, ``analyze``'s replay);
 * :func:`read_to_end` — poll assigned partitions until each has reached the end it had when the
-  call began, honouring Tansu's too-small ``end_offsets()`` (docs/kafka.md).
+  call began, honouring Tansu's too-small ``end_offsets()`` (docs/kafka.md §2.2).
 """
 
 from __future__ import annotations

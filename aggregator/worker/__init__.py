@@ -1,4 +1,4 @@
-"""Exactly-once consumer-group worker (docs/reliability.md), in parts with one job each.
+"""Exactly-once consumer-group worker (docs/reliability.md §1), in parts with one job each.
 
 * :mod:`aggregator.plan` — :class:`PipelineRuntime`, the query plan (decode, double, build and
   restore states), re-exported here;

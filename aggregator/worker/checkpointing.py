@@ -2,7 +2,7 @@
 
 A checkpoint of a partition is its states with a :class:`~aggregator.worker.partition.Mark`
 (``next_offset`` and counts), sent to the state topic; **only once the broker has acknowledged
-it** are the group offsets committed (docs/reliability.md). :class:`Checkpointer` holds the
+it** are the group offsets committed (docs/reliability.md §1.3). :class:`Checkpointer` holds the
 producer that publishes and the consumer that commits, and the one checkpoint of the main loop
 that may be on its way at a time:
 

@@ -1,5 +1,5 @@
 """Folding records into a partition's states: skip duplicates, dead-letter what cannot be
-folded, decode, double and update (docs/reliability.md).
+folded, decode, double and update (docs/reliability.md §1.2).
 
 The records of one poll and partition are decoded together (``codec.decode_many``; with
 ``coalesce=False`` one by one), ``X̃₂ = X̃₁ + S′`` is drawn for each record's rows — seeded by the

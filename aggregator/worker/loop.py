@@ -1,4 +1,4 @@
-"""The worker's main loop and rebalance handling (docs/reliability.md, docs/kafka.md).
+"""The worker's main loop and rebalance handling (docs/reliability.md §1, docs/kafka.md §2.3).
 
 The worker is a kafka-python ``KafkaConsumer`` in a consumer group over the reports topic, with
 ``enable_auto_commit=False``. It keeps, **per owned partition**, the state of every query together
@@ -112,7 +112,7 @@ class _Listener(_listener_base()):
 
 
 class Worker:
-    """Exactly-once consumer-group worker over one reports topic (docs/reliability.md).
+    """Exactly-once consumer-group worker over one reports topic (docs/reliability.md §1).
 
     Parameters
     ----------

@@ -1,5 +1,5 @@
 """Per-partition state of the worker: the query states with ``next_offset`` and the marks a
-checkpoint is taken at (docs/reliability.md, exactly-once)."""
+checkpoint is taken at (docs/reliability.md §1.1)."""
 
 from __future__ import annotations
 
