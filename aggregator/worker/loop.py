@@ -341,6 +341,8 @@ class Worker:
                      ps.reports)
 
     def _restore_partition(self, partition: int) -> PartitionState:
+        """The state of ``partition`` from its latest checkpoint (query set and fingerprint as
+        the plan's), or a fresh one from offset 0 (none, or unusable: logged and counted)."""
         key = checkpoint_key(self.runtime.name, partition)
         raw = self.reader.latest.get(key)
         if raw is not None:
@@ -420,18 +422,23 @@ class Worker:
         self.threads.collect(True, self._fold_result)
 
     def _fold_result(self, out) -> None:
+        """Main thread: the result of a fold-thread task — a checkpoint begun
+        (:class:`InFlight`, committed once acknowledged), one with nothing to publish
+        (:class:`Published`), or a fold's ``None``."""
         if isinstance(out, InFlight):  # a checkpoint begun: its records are on their way
             self.checkpoints.in_flight = out
         elif isinstance(out, Published):  # a checkpoint with nothing to publish
             self.checkpoints.finish(out)
 
     def _check_checkpoint(self, block: bool) -> None:
+        """:meth:`Checkpointer.check`, backing off after a broker error."""
         try:
             self.checkpoints.check(block)
         except KafkaError as exc:  # retried once the next one falls due
             self._checkpoint_trouble(exc)
 
     def _checkpoint_trouble(self, exc: KafkaError) -> None:
+        """A checkpoint failed at the broker: log, back off, retry once the next one is due."""
         self.broker_trouble("checkpoint", exc)
         self.checkpoints.retry_later()
 
@@ -454,6 +461,7 @@ class Worker:
         self._stop.set()
 
     def _update_lag(self) -> None:
+        """Set ``ldp_consumer_lag_records`` of each owned partition from its fetch high watermark."""
         from kafka import TopicPartition
 
         for p, ps in list(self.owned.items()):
