@@ -104,15 +104,11 @@ def raw_produce(
 ) -> tuple[float, float]:
     """Send ``n_records`` records (cycling ``values``) round-robin over partitions; returns (t0, t1)
     wall-clock times (``time.time()``) of the first send and of the final flush."""
-    from kafka import KafkaProducer
-
+    from ingest.clients import producer_client
     from ingest.kafka import KafkaSettings
 
-    prod = KafkaProducer(
-        **KafkaSettings(bootstrap_servers=bootstrap).producer_config(
-            linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20
-        )
-    )
+    prod = producer_client(KafkaSettings(bootstrap_servers=bootstrap), linger_ms=5,
+                           max_request_size=16 << 20, batch_size=1 << 20)
     k = len(values)
     t0 = time.time()
     for i in range(n_records):
