@@ -22,6 +22,7 @@ settings (TLS, SASL) and the Tansu quirks of DESIGN §6 are handled in one place
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import platform
 import socket
@@ -123,6 +124,16 @@ def keep_freed_memory(trim_threshold_bytes: int) -> bool:
     return ok
 
 
+@functools.cache
+def _client_options() -> dict[str, frozenset[str]]:
+    """The option names each kafka-python client kind accepts (it refuses any other key)."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    return {"producer": frozenset(KafkaProducer.DEFAULT_CONFIG),
+            "consumer": frozenset(KafkaConsumer.DEFAULT_CONFIG),
+            "admin": frozenset(KafkaAdminClient.DEFAULT_CONFIG)}
+
+
 class KafkaSettings(BaseModel):
     """Connection and security settings shared by producers, consumers and admin clients.
 
@@ -148,7 +159,9 @@ class KafkaSettings(BaseModel):
     request_timeout_ms : int
         Per-request timeout in ms, >= 1000.
     extra : mapping str → Any
-        Further kafka-python kwargs applied to every client (escape hatch, e.g. ``api_version``).
+        Further kafka-python kwargs (escape hatch, e.g. ``api_version``, ``linger_ms``), each
+        passed to every client kind that accepts it (``KafkaProducer``, ``KafkaConsumer``,
+        ``KafkaAdminClient``); a key that none of them accepts is refused.
 
     Raises
     ------
@@ -228,12 +241,22 @@ class KafkaSettings(BaseModel):
             raise ValueError("ssl_certfile and ssl_keyfile must be given together (mutual TLS)")
         return self
 
+    @field_validator("extra")
+    @classmethod
+    def _check_extra(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - set().union(*_client_options().values()))
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} "
+                             f"{'is no option' if len(unknown) == 1 else 'are no options'} of "
+                             "kafka-python's KafkaProducer, KafkaConsumer or KafkaAdminClient")
+        return v
+
     @property
     def bootstrap(self) -> str:
         """The servers as one comma-separated string."""
         return ",".join(self.bootstrap_servers)
 
-    def _common(self) -> dict[str, Any]:
+    def _common(self, client: str) -> dict[str, Any]:
         cfg: dict[str, Any] = {
             "bootstrap_servers": list(self.bootstrap_servers),
             "security_protocol": self.security_protocol,
@@ -266,7 +289,9 @@ class KafkaSettings(BaseModel):
                 cfg["ssl_password"] = self.ssl_password.get_secret_value()
         # TOML has arrays but no tuples, and kafka-python wants tuples (api_version = [2, 5, 0]
         # failed with "api_version must be tuple"): arrays are passed as tuples
-        cfg.update({k: tuple(v) if isinstance(v, list) else v for k, v in self.extra.items()})
+        accepted = _client_options()[client]
+        cfg.update({k: tuple(v) if isinstance(v, list) else v
+                    for k, v in self.extra.items() if k in accepted})
         return cfg
 
     def producer_config(self, **overrides: Any) -> dict[str, Any]:
@@ -282,7 +307,7 @@ class KafkaSettings(BaseModel):
         dict
             Contains secrets in clear text: do not log it.
         """
-        cfg = self._common()
+        cfg = self._common("producer")
         cfg.setdefault("acks", "all")
         cfg.update(overrides)
         return cfg
@@ -305,7 +330,7 @@ class KafkaSettings(BaseModel):
         dict
             Contains secrets in clear text: do not log it.
         """
-        cfg = self._common()
+        cfg = self._common("consumer")
         if group_id is not None:
             cfg["group_id"] = group_id
         if fast_group:
@@ -315,7 +340,7 @@ class KafkaSettings(BaseModel):
 
     def admin_config(self, **overrides: Any) -> dict[str, Any]:
         """kafka-python ``KafkaAdminClient`` kwargs (connection + security, then overrides)."""
-        cfg = self._common()
+        cfg = self._common("admin")
         cfg.update(overrides)
         return cfg
 

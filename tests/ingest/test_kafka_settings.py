@@ -116,7 +116,27 @@ def test_overrides_and_extra():
     t = KafkaSettings(bootstrap_servers="h:1", extra={"api_version": [2, 5, 0], "client_rack": "r1"})
     for cfg in (t.admin_config(), t.producer_config(), t.consumer_config()):
         assert cfg["api_version"] == (2, 5, 0) and type(cfg["api_version"]) is tuple
-        assert cfg["client_rack"] == "r1"
+    # each extra reaches the client kinds that accept it: kafka-python refuses unknown keys
+    assert t.consumer_config()["client_rack"] == "r1"
+    assert "client_rack" not in t.producer_config() and "client_rack" not in t.admin_config()
+    p = KafkaSettings(bootstrap_servers="h:1", extra={"linger_ms": 5, "acks": 1})
+    assert p.producer_config()["linger_ms"] == 5 and p.producer_config()["acks"] == 1
+    assert "linger_ms" not in p.consumer_config() and "acks" not in p.admin_config()
+
+
+def test_extra_clients_accept_what_they_are_given():
+    """Every client kind is built from its config with a producer-only and a consumer-only extra."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    s = KafkaSettings(bootstrap_servers="h:1", extra={"linger_ms": 5, "client_rack": "r1"})
+    for cls, cfg in ((KafkaProducer, s.producer_config()), (KafkaConsumer, s.consumer_config("g")),
+                     (KafkaAdminClient, s.admin_config())):
+        assert not set(cfg) - set(cls.DEFAULT_CONFIG), cls.__name__
+
+
+def test_extra_key_that_no_client_knows_is_refused():
+    with pytest.raises(ValidationError, match=r"'linger' is no option of kafka-python"):
+        KafkaSettings(bootstrap_servers="h:1", extra={"linger": 5})
 
 
 def test_frozen():
