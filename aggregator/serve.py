@@ -414,7 +414,7 @@ def check_bindable(host: str, port: int) -> None:
     import errno
     import os
 
-    from ingest.broker import port_is_free
+    from ingest.processes import port_is_free
 
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"port must be an integer in [0, 65535], got {port!r}")

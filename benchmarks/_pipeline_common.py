@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks._common import ROOT
+from ingest.processes import spawn_process, stop_process
 
 EXAMPLE = ROOT / "examples" / "flights.pipeline.toml"
 SCHEMA = ROOT / "examples" / "flights.schema.toml"
@@ -75,12 +76,6 @@ def load_config(path: Path):
     return PipelineConfig.load(path)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def encoded_records(pool, per_record: int, k: int) -> list[bytes]:
     """``k`` distinct encoded records of ``per_record`` consecutive reports of ``pool`` (wrapping)."""
     from ingest.codec import encode
@@ -131,11 +126,9 @@ def _python() -> list[str]:
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            _python() + args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    """Start ``python -m benchmarks.pipeline <args>`` (its own session, output appended to ``log``)."""
+    return spawn_process(_python() + args, log_path=log, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def wait_files(paths: list[Path], procs: list[subprocess.Popen], timeout: float) -> None:
@@ -151,10 +144,8 @@ def wait_files(paths: list[Path], procs: list[subprocess.Popen], timeout: float)
 
 
 def reap(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait up to ``timeout`` s for each child to exit by itself, then SIGKILL it."""
     for pr in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             pr.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pr.pid, 9)
-            pr.wait(10)
+        stop_process(pr, 10.0, signal.SIGKILL)

@@ -35,7 +35,6 @@ dependency; the run records whether it was present).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -55,7 +54,6 @@ from benchmarks._pipeline_common import (
     CONSUME_REPEATS,
     SCHEMA,
     encoded_records,
-    free_port,
     load_config,
     raw_produce,
     reap,
@@ -71,6 +69,7 @@ from benchmarks._pipeline_report import (
     plot,
     print_tables,
 )
+from ingest.processes import free_port, spawn_process, stop_process
 
 
 # --------------------------------------------------------------------------------------------------
@@ -486,17 +485,10 @@ def section_latency(
     n_records = int(rate * seconds / m)
     values = encoded_records(pool, m, min(n_records, 200))
     wp, wf = _run_worker(tmp, cfg_path, tag + ".w", n_records * m)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     boot = "import sys; from aggregator.cli import main; sys.exit(main(sys.argv[1:]))"
-    with open(tmp / f"{tag}.serve.log", "ab") as log:
-        sp = subprocess.Popen(
-            [sys.executable, "-c", boot, "serve", "--config", str(cfg_path), "--port", str(port)],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    sp = spawn_process([sys.executable, "-c", boot, "serve", "--config", str(cfg_path), "--port", str(port)],
+                       log_path=tmp / f"{tag}.serve.log", cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     polls: list[tuple[float, int]] = []
     stop = threading.Event()
 
@@ -532,9 +524,7 @@ def section_latency(
         th.join(5)
     finally:
         reap([wp], 120)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(sp.pid, 15)
-        reap([sp], 20)
+        stop_process(sp, 20.0)
     pt = np.array([p[0] for p in polls])
     pn = np.array([p[1] for p in polls])
     counts = np.arange(1, len(stamps) + 1) * m

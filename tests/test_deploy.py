@@ -15,16 +15,15 @@ import io
 import json
 import re
 import shutil
-import socket
 import subprocess
-import threading
-import time
 import tomllib
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.http_server import ServedApp
 
 yaml = pytest.importorskip("yaml", reason="pyyaml is in the dev extras")
 
@@ -116,12 +115,6 @@ def _subcommands() -> set[str]:
     names = set(re.findall(r"^ {4}([a-z][a-z0-9-]*)(?: {2,}|$)", block, re.M))
     assert "work" in names, text
     return names
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> str:
@@ -532,8 +525,6 @@ def _encoded_records(schema, n_records: int, per_record: int, seed: int) -> list
 @pytest.fixture(scope="module")
 def serve_exposition():
     """Scrape ``GET /metrics`` of serve's app (uvicorn on 127.0.0.1) holding real estimates."""
-    import uvicorn
-
     from aggregator.config import PipelineConfig
     from aggregator.serve import EstimateStore, build_app
     from aggregator.worker import PartitionState, PipelineRuntime
@@ -550,19 +541,8 @@ def serve_exposition():
     ck = st.to_checkpoint(runtime)
     store = EstimateStore(runtime)
     store.set_checkpoints({ck.key: ck.to_bytes()})
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(store), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 15
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        return _get(f"http://127.0.0.1:{port}/metrics")
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with ServedApp(build_app(store), timeout=15) as srv:
+        return _get(f"{srv.url}/metrics")
 
 
 def test_serve_exposes_estimate_gauges(serve_exposition):

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         (``BrokerError``, bad ``--port``) propagate to the CLI (one line, exit 2).
     """
     from aggregator.errors import CLIError
-    from ingest.broker import EmbeddedBroker, port_is_free
+    from ingest.broker import EmbeddedBroker
+    from ingest.processes import port_is_free
 
     if args.port is not None and not 0 <= args.port <= 65535:
         raise CLIError(f"--port must be in [1, 65535], or 0 for a free port, got {args.port}")

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--port must be in [0, 65535], got {port}")
     check_bindable(host, port)  # fail before touching Kafka
     if port == 0:  # a free port, chosen now so that it can be printed
-        from ingest.broker import free_port
+        from ingest.processes import free_port
 
         port = free_port(host)
     runtime = PipelineRuntime.from_config(cfg)

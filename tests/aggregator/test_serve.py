@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import tomllib
@@ -15,6 +14,7 @@ from aggregator.checkpoint import Checkpoint
 from aggregator.config import PipelineConfig
 from aggregator.serve import EstimateStore, build_app, merge_checkpoints
 from aggregator.worker import PartitionState, PipelineRuntime
+from tests.http_server import ServedApp
 from tests.integration import pipeline_support as ps
 
 
@@ -49,32 +49,12 @@ def test_merge_checkpoints_equals_single_pass(runtime, checkpoints):
         assert merged[name].to_bytes() == st.to_bytes()
 
 
-class _Server:
-    def __init__(self, app):
-        import uvicorn
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 @pytest.fixture
 def served(runtime, checkpoints):
     raw, want = checkpoints
     store = EstimateStore(runtime)
     store.set_checkpoints({**raw, b"flights/7": b"corrupt", b"other/0": b"ignored"})
-    srv = _Server(build_app(store))
+    srv = ServedApp(build_app(store))
     yield srv.port, store, want
     srv.close()
 
@@ -163,7 +143,7 @@ def test_liveness_and_readiness_follow_the_broker(runtime, checkpoints):
     raw, _ = checkpoints
     reader = _StubReader(raw)
     store = EstimateStore(runtime, reader, refresh_interval_s=0.05, stale_after_s=0.5)
-    srv = _Server(build_app(store))
+    srv = ServedApp(build_app(store))
     try:
         # broker down from the start: alive (degraded), not ready — nothing was read yet
         store.start()

@@ -7,17 +7,22 @@ in-process pass (same records, same doubling seeds) partition by partition.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from aggregator.metrics import metric_value, read_metrics  # noqa: F401  (tests call ps.metric_value)
+from ingest.clients import admin_client, producer_client
+from ingest.kafka import KafkaSettings
+from ingest.processes import spawn_process, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "examples" / "flights.schema.toml"
@@ -113,10 +118,9 @@ refresh_interval_s = 0.2
 
 def create_topics(bootstrap: str, cfg) -> None:
     """Create the reports (``partitions``), state (1) and dead-letter (1) topics."""
-    from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = admin_client(KafkaSettings(bootstrap_servers=bootstrap))
     try:
         admin.create_topics([NewTopic(cfg.topics.reports, cfg.topics.partitions, 1),
                              NewTopic(cfg.topics.state, 1, 1), NewTopic(cfg.topics.dead_letter, 1, 1)])
@@ -152,9 +156,7 @@ def produce(bootstrap: str, topic: str, records: list[bytes], partitions: int, *
 
     Returns the (partition, offset) of every record.
     """
-    from kafka import KafkaProducer
-
-    prod = KafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=8 << 20)
+    prod = producer_client(KafkaSettings(bootstrap_servers=bootstrap), acks="all", max_request_size=8 << 20)
     futs = []
     try:
         for i, rec in enumerate(records):
@@ -200,7 +202,6 @@ def reference_pass(runtime, records_by_partition: dict[int, list[bytes]], coales
 def read_checkpoints(bootstrap: str, state_topic: str, pipeline: str | None = None) -> dict:
     """Latest checkpoint per key of the state topic (decoded)."""
     from aggregator.checkpoint import Checkpoint, StateTopicReader
-    from ingest.kafka import KafkaSettings
 
     reader = StateTopicReader.connect(KafkaSettings(bootstrap_servers=bootstrap), state_topic, pipeline)
     try:
@@ -217,14 +218,10 @@ def worker_cmd(config: Path, *args: str) -> list[str]:
 
 
 def start_worker(config: Path, *args: str, log_path: Path | None = None) -> subprocess.Popen:
-    """Start a worker process (its own session so it can be signalled alone)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if log_path is None:
-        return subprocess.Popen(worker_cmd(config, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    with open(log_path, "ab") as out:
-        return subprocess.Popen(worker_cmd(config, *args), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+    """Start a worker process (its own session so it can be signalled alone; output appended to
+    ``log_path``, discarded when ``None``)."""
+    return spawn_process(worker_cmd(config, *args), log_path=log_path, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def has_family(text: str, name: str) -> bool:
@@ -235,34 +232,12 @@ def has_family(text: str, name: str) -> bool:
 
 def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL, timeout: float = 20.0) -> int | None:
     """Send ``sig`` to a worker process (if alive) and reap it; SIGKILL if it does not exit."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return proc.returncode
+    return stop_process(proc, timeout, sig)
 
 
 def scrape(port: int, path: str = "/metrics", timeout: float = 2.0) -> str:
     """GET ``http://127.0.0.1:port{path}`` as text."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
-        return resp.read().decode()
-
-
-def metric_value(text: str, name: str, labels: str = "") -> float:
-    """Value of one sample in a Prometheus exposition (0.0 if absent)."""
-    want = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, val = line.rpartition(" ")
-        if key == want:
-            return float(val)
-    return 0.0
+    return read_metrics(f"http://127.0.0.1:{port}{path}", timeout)
 
 
 def until(fn, want, timeout: float = 10.0, every: float = 0.02):

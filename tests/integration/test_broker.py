@@ -14,8 +14,9 @@ import time
 import pytest
 from kafka import KafkaAdminClient
 
-from ingest.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker
 from ingest.errors import BrokerError, ConfigError
+from ingest.processes import free_port
 
 
 def _alive(pid: int) -> bool:

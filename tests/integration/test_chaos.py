@@ -26,7 +26,8 @@ import pytest
 
 from aggregator.config import PipelineConfig
 from aggregator.worker import PipelineRuntime
-from ingest.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker
+from ingest.processes import free_port
 from tests.integration import chaos_support as cs
 from tests.integration import pipeline_support as ps
 

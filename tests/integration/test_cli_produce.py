@@ -14,7 +14,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from aggregator.cli import main
-from ingest.broker import free_port
+from ingest.processes import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCHEMA = str(ROOT / "examples" / "flights.schema.toml")
@@ -222,7 +222,7 @@ def test_produce_cli_bad_kafka_config(tmp_path, capsys):
 @pytest.mark.parametrize("port_arg, stop", [("free", signal.SIGINT), ("0", signal.SIGTERM)])
 def test_broker_cli_runs_until_interrupted(port_arg, stop):
     """Runs until Ctrl-C or SIGTERM, exit 0, the broker child gone; ``--port 0`` picks a free port."""
-    from ingest.broker import port_is_free
+    from ingest.processes import port_is_free
 
     port = free_port() if port_arg == "free" else 0
     proc = subprocess.Popen([sys.executable, "-m", "aggregator.cli", "broker", "--port", str(port)],

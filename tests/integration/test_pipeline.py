@@ -79,11 +79,10 @@ def test_two_workers_then_serve_equal_single_pass(tmp_path, bootstrap_servers, t
 
 
 def test_serve_cli_over_http(tmp_path, bootstrap_servers, topic_name):
-    import subprocess
     import sys
     import time
 
-    from ingest.broker import free_port
+    from ingest.processes import free_port, spawn_process
 
     cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
     cfg = PipelineConfig.load(cfg_path)
@@ -100,10 +99,8 @@ def test_serve_cli_over_http(tmp_path, bootstrap_servers, topic_name):
 
     port = free_port()
     boot = "import sys; from aggregator.cli import main; sys.exit(main(sys.argv[1:]))"
-    with open(tmp_path / "serve.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", boot, "serve", "--config", str(cfg_path), "--port",
-                                 str(port)], cwd=ps.ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc = spawn_process([sys.executable, "-c", boot, "serve", "--config", str(cfg_path), "--port",
+                          str(port)], log_path=tmp_path / "serve.log", cwd=ps.ROOT)
     try:
         deadline = time.monotonic() + 60
         body: dict = {}

@@ -19,8 +19,8 @@ import pytest
 
 from aggregator.config import PipelineConfig
 from aggregator.worker import PipelineRuntime
-from ingest.broker import free_port
 from ingest.codec import DECODE_REASONS
+from ingest.processes import free_port
 from tests.integration import chaos_support as cs
 from tests.integration import pipeline_support as ps
 

@@ -12,10 +12,11 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from aggregator.demo.flights import open_source
-from ingest.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker
 from ingest.codec import decode
 from ingest.errors import ProducerError
 from ingest.kafka import KafkaSettings, ensure_topic, high_watermarks
+from ingest.processes import free_port
 from ingest.producer import ReportProducer, concat_batches
 from ingest.schema import TelemetrySchema
 

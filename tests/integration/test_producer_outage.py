@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from ingest.broker import EmbeddedBroker, free_port
+from ingest.broker import EmbeddedBroker
 from ingest.errors import ProducerError
+from ingest.processes import free_port
 from ingest.producer import ReportProducer, slice_batch
 from ingest.schema import TelemetrySchema
 
