@@ -50,15 +50,15 @@ def bench_producer(bootstrap, schema, pool, rpr, n):
 
 
 def bench_raw(bootstrap, schema, pool, rpr, n):
-    from kafka import KafkaProducer
+    from ingest.clients import producer_client
 
     topic = f"bench-raw-{rpr}-{time.monotonic_ns()}"
     ensure_topic(bootstrap, topic, 4)
     k = min(pool.n // rpr, 2000)
     values = [encode(slice_batch(pool, i * rpr, (i + 1) * rpr)) for i in range(k)]
     n_records = n // rpr
-    prod = KafkaProducer(**KafkaSettings(bootstrap_servers=bootstrap).producer_config(
-        linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20))
+    prod = producer_client(KafkaSettings(bootstrap_servers=bootstrap), linger_ms=5, max_request_size=16 << 20,
+                           batch_size=1 << 20)
     t0 = time.perf_counter()
     for i in range(n_records):
         prod.send(topic, values[i % k])

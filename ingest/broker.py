@@ -258,8 +258,10 @@ class EmbeddedBroker:
         return ("\n--- broker log ---\n" + "\n".join(tail)) if tail else ""
 
     def _wait_ready(self, deadline: float) -> None:
-        from kafka import KafkaAdminClient
         from kafka.errors import KafkaConfigurationError, KafkaError
+
+        from ingest.clients import admin_client
+        from ingest.kafka import KafkaSettings
 
         assert self._proc is not None
         last_exc: Exception | None = None
@@ -282,11 +284,9 @@ class EmbeddedBroker:
                 continue
             try:
                 timeout_ms = int(max(200, min(2000, remaining * 1000)))
-                admin = KafkaAdminClient(
-                    bootstrap_servers=f"{self.host}:{self.port}",
-                    client_id="ldp-embedded-broker-probe",
-                    request_timeout_ms=timeout_ms,
-                )
+                admin = admin_client(KafkaSettings(bootstrap_servers=f"{self.host}:{self.port}",
+                                                   client_id="ldp-embedded-broker-probe"),
+                                     request_timeout_ms=timeout_ms)
                 try:
                     meta = admin.describe_cluster()
                 finally:

@@ -93,11 +93,13 @@ def test_zero_noise_producer_send_events_in_box(schema, no_noise):
 def test_zero_noise_cli_produce_in_box(schema, no_noise, tmp_path, capsys):
     """``ldp-stream produce`` (in-process) from a CSV of out-of-range values: every report in the box."""
     import pandas as pd
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
     from aggregator.cli import main
     from ingest.broker import EmbeddedBroker
+    from ingest.clients import reader_client
     from ingest.codec import decode
+    from ingest.kafka import KafkaSettings
 
     rng = np.random.default_rng(3)
     csv = tmp_path / "events.csv"
@@ -109,8 +111,7 @@ def test_zero_noise_cli_produce_in_box(schema, no_noise, tmp_path, capsys):
                      b.bootstrap_servers, "--topic", "bounded", "--batch-size", "50", "--partitions", "1",
                      "--seed", "4", "--no-progress"])
         assert code == 0, capsys.readouterr()
-        c = KafkaConsumer(bootstrap_servers=b.bootstrap_servers, auto_offset_reset="earliest",
-                          enable_auto_commit=False)
+        c = reader_client(KafkaSettings(bootstrap_servers=b.bootstrap_servers))
         try:
             tp = TopicPartition("bounded", 0)
             c.assign([tp])

@@ -57,11 +57,12 @@ class Producer(threading.Thread):
         self.started_at = self.finished_at = 0.0
 
     def run(self) -> None:
-        from kafka import KafkaProducer
+        from ingest.clients import producer_client
+        from ingest.kafka import KafkaSettings
 
         self.started_at = time.monotonic()
         kw = {"acks": "all", "max_request_size": 8 << 20, **self.producer_kw}
-        prod = KafkaProducer(bootstrap_servers=self.bootstrap, **kw)
+        prod = producer_client(KafkaSettings(bootstrap_servers=self.bootstrap), **kw)
         try:
             futs = []
             for i, rec in enumerate(self.records):

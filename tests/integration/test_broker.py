@@ -12,10 +12,11 @@ import textwrap
 import time
 
 import pytest
-from kafka import KafkaAdminClient
 
 from ingest.broker import EmbeddedBroker
+from ingest.clients import admin_client
 from ingest.errors import BrokerError, ConfigError
+from ingest.kafka import KafkaSettings
 from ingest.processes import free_port
 
 
@@ -44,7 +45,7 @@ def _wait_gone(pid: int, timeout: float = 15.0) -> bool:
 
 
 def _cluster(bootstrap: str) -> dict:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = admin_client(KafkaSettings(bootstrap_servers=bootstrap), request_timeout_ms=5000)
     try:
         return admin.describe_cluster()
     finally:

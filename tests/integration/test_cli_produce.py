@@ -11,9 +11,11 @@ import time
 
 import numpy as np
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from aggregator.cli import main
+from ingest.clients import consumer_client
+from ingest.kafka import KafkaSettings
 from ingest.processes import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -21,7 +23,7 @@ SCHEMA = str(ROOT / "examples" / "flights.schema.toml")
 
 
 def _count_records(bootstrap, topic):
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    c = consumer_client(KafkaSettings(bootstrap_servers=bootstrap), enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
         c.assign(tps)

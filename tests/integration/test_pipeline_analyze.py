@@ -24,9 +24,10 @@ def test_analyze_replays_topic_and_fits(tmp_path, bootstrap_servers, topic_name,
     runtime = PipelineRuntime.from_config(cfg)
     records = ps.make_records(cfg.telemetry_schema, n_records=60, per_record=100, seed=31)
     where = ps.produce(bootstrap_servers, cfg.topics.reports, [*records, b"junk" * 10], partitions=3)
-    from kafka import KafkaProducer
+    from ingest.clients import producer_client
+    from ingest.kafka import KafkaSettings
 
-    with_key = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
+    with_key = producer_client(KafkaSettings(bootstrap_servers=bootstrap_servers))
     with_key.send(cfg.topics.reports, key=b"k", value=None, partition=0).get(10)  # no value
     with_key.close()
     rep = replay(runtime, cfg.kafka, cfg.topics.reports, timeout_s=60)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from aggregator.config import PipelineConfig
 from aggregator.metrics import WorkerMetrics
 from aggregator.serve import merge_checkpoints
 from aggregator.worker import PipelineRuntime, ensure_topics, worker_from_config
+from ingest.clients import producer_client, reader_client
+from ingest.kafka import KafkaSettings
 from ingest.schema import TelemetrySchema
 from tests.integration import pipeline_support as ps
 
@@ -19,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _read_all(bootstrap, topic, expect, timeout_s=30):
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    c = reader_client(KafkaSettings(bootstrap_servers=bootstrap))
     try:
         tp = TopicPartition(topic, 0)
         c.assign([tp])
@@ -93,7 +95,6 @@ def test_bad_records_are_dead_lettered(tmp_path, bootstrap_servers, topic_name):
 
 
 def test_corrupt_state_record_rebuilds_partition_from_earliest(tmp_path, bootstrap_servers, topic_name):
-    from kafka import KafkaProducer
 
     cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
     cfg = PipelineConfig.load(cfg_path)
@@ -102,7 +103,7 @@ def test_corrupt_state_record_rebuilds_partition_from_earliest(tmp_path, bootstr
     records = ps.make_records(cfg.telemetry_schema, n_records=12, per_record=10, seed=17)
     where = ps.produce(bootstrap_servers, cfg.topics.reports, records, partitions=2)
     # a checkpoint for partition 0 that claims progress but cannot be decoded
-    prod = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all")
+    prod = producer_client(KafkaSettings(bootstrap_servers=bootstrap_servers))
     prod.send(cfg.topics.state, key=b"flights/0", value=b"LDPC\x00\x01 corrupt")
     prod.flush(10)
     prod.close()

@@ -112,10 +112,14 @@ def _rss_mb(pid: int) -> float:
 
 
 def _read_dead_letters(bootstrap: str, topic: str, expected: int, timeout: float = 60.0) -> list:
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                      max_partition_fetch_bytes=32 << 20, fetch_max_bytes=64 << 20)
+    from ingest.clients import consumer_client
+    from ingest.kafka import KafkaSettings
+
+    c = consumer_client(KafkaSettings(bootstrap_servers=bootstrap), enable_auto_commit=False,
+                        auto_offset_reset="earliest", max_partition_fetch_bytes=32 << 20,
+                        fetch_max_bytes=64 << 20)
     try:
         tp = TopicPartition(topic, 0)
         c.assign([tp])
@@ -133,9 +137,9 @@ def _read_dead_letters(bootstrap: str, topic: str, expected: int, timeout: float
 
 def test_poison_corpus_is_dead_lettered_and_good_reports_counted(request, tmp_path, bootstrap_servers,
                                                                topic_name):
-    from kafka import KafkaProducer
-
+    from ingest.clients import producer_client
     from ingest.codec import encode
+    from ingest.kafka import KafkaSettings
     from ingest.privatizer import Privatizer
     from ingest.schema import TelemetrySchema
 
@@ -180,7 +184,7 @@ def test_poison_corpus_is_dead_lettered_and_good_reports_counted(request, tmp_pa
     try:
         cs.wait_metric(port, "ldp_owned_partitions", cs.PARTITIONS, 120, w)
         baseline = _rss_mb(w.pid)
-        prod = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", max_request_size=16 << 20)
+        prod = producer_client(KafkaSettings(bootstrap_servers=bootstrap_servers), max_request_size=16 << 20)
         try:  # a null value (tombstone) needs a key
             futs = [prod.send(cfg.topics.reports, value=v, key=None if v is not None else b"tombstone",
                               partition=i % cs.PARTITIONS) for i, (_, v, _) in enumerate(stream)]

@@ -9,10 +9,11 @@ import time
 
 import numpy as np
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from aggregator.demo.flights import open_source
 from ingest.broker import EmbeddedBroker
+from ingest.clients import consumer_client
 from ingest.codec import decode
 from ingest.errors import ProducerError
 from ingest.kafka import KafkaSettings, ensure_topic, high_watermarks
@@ -43,8 +44,8 @@ def flight_columns():
 
 def _consume_all(bootstrap, topic, expected_reports, schema, timeout=60.0):
     """Read every record of ``topic`` from the beginning until ``expected_reports`` are decoded."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             auto_offset_reset="earliest", consumer_timeout_ms=1000)
+    consumer = consumer_client(KafkaSettings(bootstrap_servers=bootstrap), enable_auto_commit=False,
+                               auto_offset_reset="earliest", consumer_timeout_ms=1000)
     try:
         parts = consumer.partitions_for_topic(topic)
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
@@ -126,7 +127,7 @@ def test_ensure_topic_idempotent(broker, topic_name):
     topic = topic_name("topic")
     assert ensure_topic(broker.bootstrap_servers, topic, 3) is True
     assert ensure_topic(KafkaSettings(bootstrap_servers=broker.bootstrap_servers), topic, 3) is False
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+    consumer = consumer_client(KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
     try:
         assert consumer.partitions_for_topic(topic) == {0, 1, 2}
     finally:

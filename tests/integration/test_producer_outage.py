@@ -46,11 +46,13 @@ def reports(schema):
 
 def _count_in_topic(bootstrap: str, topic: str, schema, settle_s: float = 2.0) -> int:
     """Reports actually stored in ``topic`` (all partitions, from the beginning)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
+    from ingest.clients import reader_client
     from ingest.codec import decode
+    from ingest.kafka import KafkaSettings
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    c = reader_client(KafkaSettings(bootstrap_servers=bootstrap))
     try:
         tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
         c.assign(tps)
