@@ -39,7 +39,6 @@ against it; any problem raises :class:`aggregator.errors.ConfigError` with one l
 from __future__ import annotations
 
 import logging
-import tomllib
 from pathlib import Path
 from typing import Any, get_origin
 
@@ -65,6 +64,7 @@ from aggregator.queries import (
     parse_query,
     query_fields,
 )
+from ingest._files import read_toml_file
 from ingest._model import StrictModel as _Frozen  # strict, as the queries
 from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX, KafkaSettings
 
@@ -247,17 +247,8 @@ class PipelineConfig(_Frozen):
         if not str(path).strip():
             raise ConfigError("the pipeline config path is empty: give --config FILE")
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read pipeline config {str(p)!r}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"cannot read pipeline config {str(p)!r}: not UTF-8 text "
-                              f"({exc.reason} at byte {exc.start})") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{str(p)!r}: invalid TOML: {exc}") from None
+        data = read_toml_file(p, ConfigError, read_prefix=f"cannot read pipeline config {str(p)!r}",
+                              toml_prefix=f"{str(p)!r}: invalid TOML: ")
         return cls.from_dict(data, base_dir=p.resolve().parent, source_path=p, validate=validate)
 
     @classmethod

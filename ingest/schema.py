@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import math
-import tomllib
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
+from ingest._files import parse_toml, read_text_file
 from ingest._model import FrozenModel
 from ingest.errors import SchemaError
 from ingest.schema_fields import (
@@ -132,11 +132,7 @@ class TelemetrySchema(FrozenModel):
     @classmethod
     def loads(cls, text: str) -> TelemetrySchema:
         """Parse a schema from TOML text. Raises SchemaError on bad TOML or bad content."""
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise SchemaError(f"schema is not valid TOML: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_toml(text, SchemaError, "schema is not valid TOML: "))
 
     @classmethod
     def load(cls, path: str | Path) -> TelemetrySchema:
@@ -148,13 +144,7 @@ class TelemetrySchema(FrozenModel):
             If the file cannot be read or parsed, or the schema is invalid.
         """
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SchemaError(f"cannot read schema file {str(p)!r}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise SchemaError(f"cannot read schema file {str(p)!r}: not UTF-8 text "
-                              f"({exc.reason} at byte {exc.start})") from None
+        text = read_text_file(p, SchemaError, f"cannot read schema file {str(p)!r}")
         if p.suffix.lower() == ".json":
             try:
                 return cls.from_dict(json.loads(text))

@@ -85,24 +85,15 @@ def _apply_config(args: argparse.Namespace):
 
 
 def _settings(args: argparse.Namespace, base=None):
-    import tomllib
-
     from aggregator.errors import CLIError
+    from ingest._files import read_toml_file
 
     if base is not None and not args.kafka_config:
         return base
     fields: dict = {}
     if args.kafka_config:
-        try:
-            with open(args.kafka_config, "rb") as f:
-                fields = tomllib.load(f)
-        except OSError as exc:
-            raise CLIError(f"--kafka-config {args.kafka_config}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise CLIError(f"--kafka-config {args.kafka_config}: not UTF-8 text ({exc.reason} "
-                           f"at byte {exc.start})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise CLIError(f"--kafka-config {args.kafka_config}: {exc}") from None
+        where = f"--kafka-config {args.kafka_config}"
+        fields = read_toml_file(args.kafka_config, CLIError, read_prefix=where, toml_prefix=f"{where}: ")
         if "bootstrap_servers" in fields:
             raise CLIError(f"--kafka-config {args.kafka_config}: bootstrap_servers is not read from this "
                            "file; give --bootstrap-servers (or [kafka] bootstrap_servers in --config)")
