@@ -270,7 +270,7 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
         return _result(name, "dr", [f"q{q:g}" for q in query.q], est, level)
     from aggregator.state import build_state
 
-    st = build_state(query, runtime.schema)
+    st = build_state(query, runtime.schema, loss=runtime.losses.get(name))  # no user code imported here
     st.update(rep.batch, rep.x2)
     out = st.estimate().to_dict()
     out["source"] = "state over the replayed batch"

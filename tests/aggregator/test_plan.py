@@ -54,6 +54,27 @@ def test_building_and_restoring_states_imports_no_user_code(monkeypatch):
     assert fresh["lin"].loss is restored["lin"].loss is plan.losses["lin"]
 
 
+def test_analyze_imports_no_user_code(monkeypatch):
+    """``analyze`` fits the custom query with the loss resolved when the config was loaded, and
+    builds a counting query's state with it too: no second import, sys.path unchanged."""
+    from aggregator import custom_loss
+    from aggregator.analyze import analyze_query, replay_records
+
+    text = CUSTOM + '[[queries]]\nkind = "frequency"\nname = "f"\nfield = "carrier"\n'
+    cfg = PipelineConfig.from_dict(tomllib.loads(text))
+    plan = PipelineRuntime.from_config(cfg)
+    rep = replay_records(plan, ps.make_records(plan.schema, n_records=4, per_record=200, seed=5))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("user code imported")
+
+    monkeypatch.setattr(custom_loss, "load_custom_loss", refuse)
+    path = list(sys.path)
+    for name in ("lin", "f"):
+        assert analyze_query(rep, plan, cfg.query(name))["n"] == 800
+    assert sys.path == path
+
+
 @pytest.mark.parametrize("module", ["aggregator.cli.serve", "aggregator.cli.analyze"])
 def test_serve_and_analyze_do_not_import_the_worker_loop(module):
     """What ``serve`` and ``analyze`` import to run (the plan, checkpoints, topics, clients) does
