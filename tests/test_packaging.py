@@ -10,6 +10,8 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: top-level modules of the extras' distributions (``server``, ``demo``) and of the packages only
@@ -56,21 +58,31 @@ def test_extras_split_client_base_from_server_and_demo():
     assert "ldp-stream[server]" in extras["demo"] and "ldp-stream[demo]" in extras["dev"]
 
 
-def test_client_side_imports_and_publishes_without_the_extras():
-    """In a fresh interpreter where every extra's package raises ImportError, the client side
-    imports, privatizes events and encodes (and decodes) a wire record."""
+def run_blocked(blocked: tuple[str, ...], body: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``body`` (Python source) in a fresh interpreter in which importing any module under a
+    top-level name of ``blocked`` raises ImportError, as in an install without those packages;
+    ``BLOCKED`` is the tuple in ``body``."""
     script = textwrap.dedent(f"""
         import importlib, importlib.abc, sys
 
-        BLOCKED = {EXTRAS_ONLY!r} + ("aggregator",)
+        BLOCKED = {tuple(blocked)!r}
 
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in BLOCKED:
-                    raise ImportError(f"{{name}} is blocked (not a client-side dependency)")
+                    raise ImportError(f"{{name}} is blocked (not installed)")
                 return None
 
         sys.meta_path.insert(0, Block())
+    """) + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def test_client_side_imports_and_publishes_without_the_extras():
+    """In a fresh interpreter where every extra's package raises ImportError, the client side
+    imports, privatizes events and encodes (and decodes) a wire record."""
+    body = textwrap.dedent(f"""
         for m in {CLIENT_MODULES!r}:
             importlib.import_module(m)
 
@@ -90,7 +102,39 @@ def test_client_side_imports_and_publishes_without_the_extras():
         leaked = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))
         print(batch.n, back.n, len(record) > 0, leaked)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+    proc = run_blocked((*EXTRAS_ONLY, "aggregator"), body)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "1", "True", "[]"], proc.stdout
+
+
+def test_extra_module_lists_are_the_extras_of_pyproject():
+    """The modules the CLI checks (aggregator.cli._extras) are those of the ``server`` extra, and
+    the demo's include them."""
+    from aggregator.cli._extras import DEMO_MODULES, SERVER_MODULES
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    server = {r.split(">")[0].split("=")[0].strip().replace("-", "_") for r in extras["server"]}
+    assert set(SERVER_MODULES) == server and set(SERVER_MODULES) <= set(DEMO_MODULES)
+
+
+@pytest.mark.parametrize("command, extra", [("work", "server"), ("serve", "server"), ("analyze", "server"),
+                                            ("demo", "demo")])
+def test_a_command_without_its_extra_names_the_extra_in_one_line(command, extra):
+    """In a client-only install (the server and demo packages not importable), the server-side
+    commands and the demo exit 2 with one line naming the extra to install."""
+    from aggregator.cli._extras import DEMO_MODULES
+
+    config = str(ROOT / "examples" / "flights.pipeline.toml")
+    argv = [command] if command == "demo" else [command, "--config", config]
+    proc = run_blocked(DEMO_MODULES, f"""
+        from aggregator.cli import main
+        sys.exit(main({argv!r}))
+    """)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    what = "the demo" if command == "demo" else f"the {command} command"
+    assert err[0].startswith(f"ldp-stream {command}: error: {what} needs the '{extra}' extra: "
+                             f"pip install 'ldp-stream[{extra}]' (not installed: "), err[0]
+    missing = err[0].rsplit("(not installed: ", 1)[1].rstrip(")").split(", ")
+    assert missing == (list(DEMO_MODULES) if extra == "demo" else ["numba", "xxhash", "prometheus_client",
+                                                                 "starlette", "uvicorn"])

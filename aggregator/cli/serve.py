@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from aggregator.cli._extras import SERVER_MODULES, require_extra
+
 log = logging.getLogger(__name__)
 
 
@@ -24,6 +26,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
+    require_extra("the serve command", "server", SERVER_MODULES)
     from aggregator.checkpoint import StateTopicReader
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError

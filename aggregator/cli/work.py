@@ -7,6 +7,8 @@ import logging
 import signal
 import sys
 
+from aggregator.cli._extras import SERVER_MODULES, require_extra
+
 log = logging.getLogger(__name__)
 
 
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     A signal during start-up (imports, kernel compilation, connecting, creating topics — seconds
     before the first poll) stops it too, with one line and exit status 0: nothing was consumed,
     so there is nothing to checkpoint."""
+    require_extra("the work command", "server", SERVER_MODULES)
     from aggregator.errors import StoppedDuringStartup
 
     def _early(signum, frame):
