@@ -1,4 +1,4 @@
-"""Pipeline configuration: one TOML file per pipeline (DESIGN §5).
+"""Pipeline configuration: one TOML file per pipeline (docs/configuration.md).
 
 Example (see ``examples/flights.pipeline.toml``)::
 

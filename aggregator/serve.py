@@ -1,4 +1,5 @@
-"""Merge partition checkpoints into global estimates and serve them (DESIGN §5).
+"""Merge partition checkpoints into global estimates and serve them (docs/deploy.md, "The HTTP API
+of serve"; the estimators: docs/mechanisms.md §6).
 
 * :func:`merge_checkpoints` restores every partition's states and merges them per query (in
   ascending partition order, so the result is deterministic).

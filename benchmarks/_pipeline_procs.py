@@ -153,7 +153,7 @@ def worker_process(ns) -> int:
         if w.processed_reports + out >= ns.max_reports:  # (--max-reports is required)
             # once, after the last poll: reading /proc for every thread takes ≈ 0.6 ms with the
             # GIL held; done after every poll, on the fold thread, it cost the worker ≈ 6 % of
-            # its rate (docs/benchmarks.md, session 10), which the raw loop never paid
+            # its rate, which the raw loop never paid
             info["threads_last"] = _thread_cpu_s()
         info["partitions"].add(partition)
         while marks and w.processed_reports + out >= marks[0]:

@@ -28,7 +28,7 @@ def plot(results: dict) -> list[str]:
         for rows, key, style, label in series:
             if rows and all(key in r for r in rows):
                 ax.plot([r["reports_per_record"] for r in rows], [r[key] for r in rows], style, label=label)
-        ax.axhline(1e6, color="grey", lw=0.8, ls=":", label="issue 5 target 10⁶/s")
+        ax.axhline(1e6, color="grey", lw=0.8, ls=":", label="target 10⁶/s")
         ax.set(
             xscale="log",
             yscale="log",

@@ -1,4 +1,4 @@
-"""Pipeline benchmarks: produce → embedded Tansu broker → worker → serve (issues 4, 5 and 7).
+"""Pipeline benchmarks: produce → embedded Tansu broker → worker → serve (docs/benchmarks.md §3).
 
 Run ``python -m benchmarks.pipeline [--quick] [--sections produce,consume,e2e,scale,memory,latency]``;
 prints Markdown tables and writes ``benchmarks/results/pipeline.json`` (plots in ``docs/img``).
@@ -182,8 +182,7 @@ def section_consume(
             raws[-1]["broker_cpu_s"] = b1 - b0
             wks.append({**json.loads(wf["out"].read_text()), "broker_cpu_s": b2 - b1})
             # the same loop with glibc's default allocator settings: what a plain kafka-python
-            # consumer gets (docs/benchmarks.md, "Finding: glibc handed every fetch response back
-            # to the kernel")
+            # consumer gets (docs/benchmarks.md §3.6)
             plains.append(_raw_pass(tmp, bootstrap, cfg.topics.reports, n_records, f"{tag}.{i}p", 0))
         raw = min(raws, key=lambda r: r["last"] - r["first"])
         wk = min(wks, key=lambda w: (w["last"] - w["first"]) / max(1, w["reports"]))

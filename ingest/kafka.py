@@ -1,12 +1,12 @@
 """Kafka client settings, topic management, watermarks and the producer transport interface.
 
 Everything that talks to a Kafka-protocol broker goes through this module so that security
-settings (TLS, SASL) and the Tansu quirks of DESIGN §6 are handled in one place.
+settings (TLS, SASL) and the Tansu quirks of docs/kafka.md §2 are handled in one place.
 
 * :class:`KafkaSettings` — frozen pydantic client settings; :meth:`~KafkaSettings.producer_config`,
   :meth:`~KafkaSettings.consumer_config`, :meth:`~KafkaSettings.admin_config` return kafka-python
   keyword arguments with TLS/SASL passed through.
-* :data:`FAST_GROUP_SETTINGS` — consumer-group timeouts for ~3 s joins (DESIGN §6).
+* :data:`FAST_GROUP_SETTINGS` — consumer-group timeouts for ~3 s joins (docs/kafka.md §2.1).
 * :func:`ensure_topic` — idempotent topic creation that waits for metadata;
   :func:`check_topic_name` — the names Kafka accepts, checked before any connection.
 * :func:`high_watermarks` — end offsets that honour Tansu's short ``end_offsets()``;
@@ -37,8 +37,9 @@ from ingest.errors import ConfigError, IngestError
 logger = logging.getLogger(__name__)
 
 #: Consumer-group timeouts for fast joins and failure detection (kafka-python kwargs).
-#: Measured against Tansu with kafka-python 3.0.12 (DESIGN §6): a group join takes ~3 s with these
-#: values and ~20 s with the defaults (session 45 s, heartbeat 3 s, max poll interval 300 s).
+#: Measured against Tansu with kafka-python 3.0.12 (docs/kafka.md §2.1): a group join takes ~3 s with
+#: these values and ~20 s with the defaults (session timeout 45 s, heartbeat 3 s, max poll interval
+#: 300 s).
 #: ``max_poll_interval_ms=10000`` means a member that does not call ``poll()`` for 10 s is evicted:
 #: keep per-poll work (decode + state update + checkpoint) well under that.
 FAST_GROUP_SETTINGS: Mapping[str, int] = {
@@ -71,9 +72,8 @@ def keep_freed_memory(trim_threshold_bytes: int) -> bool:
     fresh buffers. With glibc's defaults those buffers are ``mmap``-ed and unmapped, or the heap
     top is trimmed, after each response, so every page of the next one is faulted in again: on
     the benchmark machine (2-core KVM guest) that was 2·10⁵ minor faults per 4·10⁶ reports and
-    more than half of a raw consume loop's network-thread CPU time (``docs/benchmarks.md``,
-    "Finding: glibc handed every fetch response back to the kernel"). This sets, for the whole
-    process:
+    more than half of a raw consume loop's network-thread CPU time (docs/benchmarks.md §3.6).
+    This sets, for the whole process:
 
     * ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's maximum): buffers below it come from the heap;
     * ``M_TRIM_THRESHOLD`` to ``trim_threshold_bytes``: up to that much free memory stays at
@@ -172,8 +172,8 @@ class KafkaSettings(BaseModel):
 
     Notes
     -----
-    Source: DESIGN §6; option names and meaning are kafka-python's (``KafkaProducer`` /
-    ``KafkaConsumer`` / ``KafkaAdminClient``). See docs/kafka.md.
+    Source: docs/kafka.md §2; option names and meaning are kafka-python's (``KafkaProducer`` /
+    ``KafkaConsumer`` / ``KafkaAdminClient``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -321,7 +321,7 @@ class KafkaSettings(BaseModel):
         group_id : str or None
             Consumer group; ``None`` for manual assignment without committed offsets.
         fast_group : bool
-            Merge :data:`FAST_GROUP_SETTINGS` (~3 s joins against Tansu, DESIGN §6).
+            Merge :data:`FAST_GROUP_SETTINGS` (~3 s joins against Tansu, docs/kafka.md §2.1).
         **overrides
             Any ``KafkaConsumer`` kwarg, applied last.
 
@@ -503,7 +503,7 @@ def high_watermarks(consumer: Any, partitions: Iterable[Any] | None = None, *,
 
     Tansu's ``ListOffsets(latest)`` — what ``consumer.end_offsets()`` asks — returns the last
     batch's base offset + 1, too small when the last produced batch held several records
-    (DESIGN §6). The high watermark carried in fetch responses (``consumer.highwater(tp)``, known
+    (docs/kafka.md §2.2). The high watermark carried in fetch responses (``consumer.highwater(tp)``, known
     after a ``poll()``/fetch of that partition) is right. This returns, per partition,
     ``max(highwater, end_offsets)`` — correct on Apache Kafka (where both agree) and a lower bound
     that becomes exact once the partition has been fetched on Tansu.
@@ -547,7 +547,7 @@ def close_without_leaving(consumer: Any, timeout_ms: int | None = None) -> bool:
 
     On Tansu 0.6.0 a ``LeaveGroup`` sent while the member's ``JoinGroup`` is pending leaves the
     group looping in ``SyncGroup … coordinator rebalance`` for good: every other member of that
-    group stays without partitions (docs/kafka.md, "A group left during a join"). A member that
+    group stays without partitions (docs/kafka.md §2.3). A member that
     just disconnects is dropped by the broker after ``session_timeout_ms``, as after a crash, and
     the group recovers. On Apache Kafka the cost is that the rebalance waits up to
     ``session_timeout_ms`` longer for the departed member; it owned no partitions (they were
@@ -607,7 +607,7 @@ class Transport(Protocol):
     A transport must call exactly one of a future's callback/errback for every ``send``, possibly
     on another thread; ``flush`` returns once every earlier ``send`` is resolved (or raises on
     timeout). Implementations: :class:`KafkaPythonTransport` (default); a confluent-kafka one can
-    be added without touching callers (DESIGN §6).
+    be added without touching callers (docs/kafka.md §3).
     """
 
     def send(self, topic: str, value: bytes, key: bytes | None = None,

@@ -1,4 +1,4 @@
-"""Publish privatized reports to Kafka, batched into records (DESIGN §4, §6).
+"""Publish privatized reports to Kafka, batched into records (docs/schema.md §3, docs/kafka.md §3).
 
 :class:`ReportProducer` accepts :class:`~ingest.batch.ReportBatch` es of any size (or raw event
 columns, privatized on the way through an :class:`~ingest.privatizer.Privatizer`), cuts and merges
@@ -68,7 +68,7 @@ class ReportProducer:
         Schema of every batch sent; batches with another fingerprint raise ``SchemaError``.
     reports_per_record : int
         Reports per Kafka record, in [1, 1_000_000]. Batching is the main throughput lever
-        (DESIGN §4); 1 gives single-report records.
+        (docs/schema.md §3); 1 gives single-report records.
     linger_s : float
         Seconds (>= 0) a partial record may wait for more reports before it is sent anyway
         (a background thread checks); also kafka-python's ``linger_ms``. 0 sends partial records
@@ -108,8 +108,8 @@ class ReportProducer:
 
     Notes
     -----
-    Source: DESIGN §4 (records are batches of reports), §6. Thread-safe: ``send`` may be called
-    from several threads; delivery callbacks run on the transport's thread.
+    Source: docs/schema.md §3 (records are batches of reports), docs/kafka.md §3. Thread-safe:
+    ``send`` may be called from several threads; delivery callbacks run on the transport's thread.
     :meth:`flush` raises ``ProducerError(undelivered=N)`` for the reports that failed since the
     previous flush (plus any still unresolved); :meth:`close` raises with the total over the
     producer's life. Neither ever counts an unacknowledged report as sent.

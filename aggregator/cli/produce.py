@@ -1,4 +1,5 @@
-"""``ldp-stream produce``: privatize events from a source and publish them to Kafka (DESIGN §4, §6)."""
+"""``ldp-stream produce``: privatize events from a source and publish them to Kafka (docs/schema.md §3,
+docs/kafka.md §3)."""
 
 from __future__ import annotations
 
@@ -224,8 +225,8 @@ def _rows_up_to_limit(chunks, limit: int | None, done: Callable[[], int]):
 
     With a limit, each piece has at most ``limit − done()`` rows (``done()``: reports queued so
     far, read after each piece is privatized): every row a piece holds comes before the last
-    report needed, so the ``skipped[reason]`` counts cover exactly the rows read up to it (a
-    whole 5000-row chunk used to be privatized and counted, then cut)."""
+    report needed, so the ``skipped[reason]`` counts cover exactly the rows read up to it (no
+    row after the limit is privatized or counted)."""
     for cols in chunks:
         n = len(next(iter(cols.values()), ()))
         start = 0

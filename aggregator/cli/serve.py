@@ -1,4 +1,4 @@
-"""``ldp-stream serve``: merged estimates over HTTP and Prometheus (DESIGN §5)."""
+"""``ldp-stream serve``: merged estimates over HTTP and Prometheus (docs/deploy.md)."""
 
 from __future__ import annotations
 

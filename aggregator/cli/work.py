@@ -1,4 +1,4 @@
-"""``ldp-stream work``: run one exactly-once consumer-group worker (DESIGN §5)."""
+"""``ldp-stream work``: run one exactly-once consumer-group worker (docs/reliability.md §1)."""
 
 from __future__ import annotations
 

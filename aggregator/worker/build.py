@@ -31,7 +31,8 @@ def client_config(config: PipelineConfig) -> dict:
 
 
 def fast_group_settings() -> dict:
-    """:data:`ingest.kafka.FAST_GROUP_SETTINGS` (session 6 s, heartbeat 1 s, max poll 10 s)."""
+    """:data:`ingest.kafka.FAST_GROUP_SETTINGS` (session timeout 6 s, heartbeat 1 s, max poll
+    interval 10 s)."""
     return dict(FAST_GROUP_SETTINGS)
 
 

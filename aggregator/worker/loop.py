@@ -154,7 +154,7 @@ class Worker:
         threads. Returning to ``poll`` at once matters because kafka-python 3.0 sends the next
         fetch request only when ``poll`` is called again if the previous call had to wait for
         its records; folding in the main thread delayed every fetch by the fold's time
-        (docs/benchmarks.md).
+        (docs/benchmarks.md §3.3).
     metrics : WorkerMetrics or None
         ``None`` creates one with a private registry.
 

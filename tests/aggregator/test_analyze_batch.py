@@ -1,4 +1,4 @@
-"""``analyze`` of a thresholded logistic query is the exact batch DR fit (issue: aggregator §6)."""
+"""``analyze`` of a thresholded logistic query is the exact batch DR fit (docs/mechanisms.md §4)."""
 
 from __future__ import annotations
 

@@ -116,9 +116,9 @@ field = "arr_delay"
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_a_signal_during_start_up_stops_with_one_line_and_status_0(tmp_path, capsys, monkeypatch, signum):
-    """Before the worker consumes (here: while the topics are set up) a signal used to kill the
-    process silently (SIGTERM, status 143); it now stops it with one line, and the process's
-    handlers are restored afterwards."""
+    """A signal before the worker consumes (here: while the topics are set up) stops it with one
+    line and status 0 (not silently with status 143), and the process's handlers are restored
+    afterwards."""
     import os
     import signal
     import time

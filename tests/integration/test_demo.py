@@ -1,4 +1,4 @@
-"""End-to-end: ``ldp-stream demo --limit 20000`` against the embedded broker (issue: main job)."""
+"""End-to-end: ``ldp-stream demo --limit 20000`` against the embedded broker."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Exactly-once under failures (DESIGN §5): a worker killed with SIGKILL mid-stream and restarted,
-and a second worker joining and leaving mid-stream, end with the same report count and sufficient
-statistics as the clean single pass over the same records."""
+"""Exactly-once under failures (docs/reliability.md §1): a worker killed with SIGKILL mid-stream
+and restarted, and a second worker joining and leaving mid-stream, end with the same report count
+and sufficient statistics as the clean single pass over the same records."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """End-to-end: workers in one consumer group over 4 partitions, merged by serve, equal a single
-in-process pass over the same records with the same doubling seeds (DESIGN §5)."""
+in-process pass over the same records with the same doubling seeds (docs/reliability.md §1.2,
+docs/mechanisms.md §2.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``ldp-stream analyze``: replaying the reports topic gives the batch fits (DESIGN §2, §5)."""
+"""``ldp-stream analyze``: replaying the reports topic gives the batch fits (docs/mechanisms.md §4, §6)."""
 
 from __future__ import annotations
 

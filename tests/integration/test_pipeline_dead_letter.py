@@ -1,5 +1,6 @@
 """Malformed, truncated, foreign-fingerprint and oversized records go to the dead-letter topic with
-a reason; the counter increases; the good records around them are all counted (DESIGN §4–5)."""
+a reason; the counter increases; the good records around them are all counted (docs/wire-format.md §4,
+docs/reliability.md §2)."""
 
 from __future__ import annotations
 

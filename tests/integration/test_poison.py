@@ -1,4 +1,5 @@
-"""Poison input (issue 9): a corpus of bad records mixed into a good stream, through a real worker.
+"""Poison input (docs/reliability.md §4): a corpus of bad records mixed into a good stream,
+through a real worker.
 
 Every bad record must land in the dead-letter topic exactly once with its reason (and its source
 partition/offset and original bytes), every good report must be counted (final state
@@ -29,10 +30,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300
 N_GOOD, PER_RECORD = 200, 100
 MAX_RECORD_BYTES = 1 << 20
 # growth of the worker's resident memory over its idle baseline while it processes the stream
-# (the 10 MB records are fetched whole by kafka-python). Measured in session 8 with glibc's
-# allocator defaults, as the test runs it: baseline 224 MB, peak 342–379 MB in 5 runs; with the
-# default malloc_trim_threshold_mib = 128 the kept free memory took the peak to 364–425 MB,
-# and the bound failed in 3 of 10 runs (session 7's code as well).
+# (the 10 MB records are fetched whole by kafka-python). Measured with glibc's allocator
+# defaults, as the test runs it: baseline 224 MB, peak 342–379 MB in 5 runs; with the default
+# malloc_trim_threshold_mib = 128 the kept free memory took the peak to 364–425 MB, and the
+# bound failed in 3 of 10 runs.
 RSS_GROWTH_BOUND_MB = 200
 
 _HDR = struct.Struct("<4sBBH16sIHH")

@@ -1,4 +1,5 @@
-"""ReportProducer through the embedded Tansu broker: batching, exact counts, failures (DESIGN §4, §6)."""
+"""ReportProducer through the embedded Tansu broker: batching, exact counts, failures (docs/schema.md §3,
+docs/kafka.md §3)."""
 
 from __future__ import annotations
 

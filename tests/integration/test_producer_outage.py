@@ -1,4 +1,4 @@
-"""Producer under broker outages (issue 9): bounded retries with exponential back-off, a clear
+"""Producer under broker outages (docs/reliability.md §6): bounded retries with exponential back-off, a clear
 error, an exact count of reports not delivered, and never a report counted as sent that is not in
 the topic. Each test runs its own EmbeddedBroker (never the session one)."""
 
