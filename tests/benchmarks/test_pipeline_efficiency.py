@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks import efficiency, pipeline
+from benchmarks import _pipeline_common, efficiency, pipeline
 
 
 def test_write_pipeline_substitutes_every_setting(tmp_path):
@@ -52,10 +52,10 @@ def test_one_rep_online_and_batch_estimate_every_query():
 
 @pytest.mark.parametrize("bad", ["nope"])
 def test_write_pipeline_refuses_an_unknown_pattern(tmp_path, monkeypatch, bad):
-    monkeypatch.setattr(pipeline, "EXAMPLE", tmp_path / "x.toml")
+    monkeypatch.setattr(_pipeline_common, "EXAMPLE", tmp_path / "x.toml")
     (tmp_path / "x.toml").write_text(bad)
     with pytest.raises(RuntimeError, match="not found"):
-        pipeline.write_pipeline(tmp_path, "127.0.0.1:1", "t")
+        _pipeline_common.write_pipeline(tmp_path, "127.0.0.1:1", "t")
 
 
 def test_write_pipeline_can_drop_query_kinds(tmp_path):
