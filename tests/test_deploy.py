@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import tomllib
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -115,12 +114,6 @@ def _subcommands() -> set[str]:
     names = set(re.findall(r"^ {4}([a-z][a-z0-9-]*)(?: {2,}|$)", block, re.M))
     assert "work" in names, text
     return names
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as r:  # 127.0.0.1 only
-        assert r.status == 200
-        return r.read().decode()
 
 
 # --------------------------------------------------------------------------- PromQL name extraction
@@ -488,7 +481,7 @@ def test_promtool_checks_config_and_alert_unit_tests():
 def worker_exposition():
     """Scrape a worker built from the deploy config exactly like ``ldp-stream work`` builds it."""
     from aggregator.config import PipelineConfig
-    from aggregator.metrics import WORKER_METRIC_NAMES, WorkerMetrics, start_metrics_server
+    from aggregator.metrics import WORKER_METRIC_NAMES, WorkerMetrics, read_metrics, start_metrics_server
     from aggregator.worker import worker_from_config
 
     cfg = PipelineConfig.load(CONFIG)
@@ -500,7 +493,7 @@ def worker_exposition():
     assert set(WORKER_METRIC_NAMES) <= before
     server, _ = start_metrics_server(metrics.registry, 0, host="127.0.0.1")
     try:
-        return _get(f"http://127.0.0.1:{server.server_port}/metrics")
+        return read_metrics(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10)
     finally:
         server.shutdown()
         server.server_close()
@@ -526,6 +519,7 @@ def _encoded_records(schema, n_records: int, per_record: int, seed: int) -> list
 def serve_exposition():
     """Scrape ``GET /metrics`` of serve's app (uvicorn on 127.0.0.1) holding real estimates."""
     from aggregator.config import PipelineConfig
+    from aggregator.metrics import read_metrics
     from aggregator.serve import EstimateStore, build_app
     from aggregator.worker import PartitionState, PipelineRuntime
 
@@ -542,7 +536,7 @@ def serve_exposition():
     store = EstimateStore(runtime)
     store.set_checkpoints({ck.key: ck.to_bytes()})
     with ServedApp(build_app(store), timeout=15) as srv:
-        return _get(f"{srv.url}/metrics")
+        return read_metrics(f"{srv.url}/metrics", timeout=10)
 
 
 def test_serve_exposes_estimate_gauges(serve_exposition):
