@@ -35,16 +35,10 @@ import numpy as np
 from scipy import special, stats
 
 from benchmarks._common import RESULTS, Timer, savefig, table, use_agg, write_json
+from benchmarks.paper_losses import abs_sin_2pi, indicator_half_one, relu
 from mechanisms.errors import ConvergenceWarning
 from mechanisms.estimation import m_estimate
-from mechanisms.losses import (
-    LogisticLoss,
-    QuantileRegressionLoss,
-    TransformSquaredLoss,
-    abs_sin_2pi,
-    indicator_half_one,
-    relu,
-)
+from mechanisms.losses import LogisticLoss, QuantileRegressionLoss, TransformSquaredLoss
 from mechanisms.zil import ZILMechanism
 
 SETTINGS_71 = [(0.1, 0.94), (0.05, 1.4)]  # (δ, λ)

@@ -19,9 +19,9 @@ A *record* is one row of an array ``x`` of shape ``(n, p)`` in original units. E
 :meth:`Loss.check_x` once on a batch first.
 
 Modules: :mod:`~mechanisms.losses.base` (the :class:`Loss` interface),
-:mod:`~mechanisms.losses.location` (mean, quantile, transform), :mod:`~mechanisms.losses.transforms`
-(the paper's §7.1 examples) and :mod:`~mechanisms.losses.regression` (single-index losses); every
-name is importable from ``mechanisms.losses``.
+:mod:`~mechanisms.losses.location` (mean, quantile, transform) and
+:mod:`~mechanisms.losses.regression` (single-index losses); every name is importable from
+``mechanisms.losses``. The paper's §7.1 example transforms are in ``benchmarks/paper_losses.py``.
 """
 
 from mechanisms.losses.base import Loss
@@ -32,14 +32,6 @@ from mechanisms.losses.regression import (
     LinearRegressionLoss,
     LogisticLoss,
     QuantileRegressionLoss,
-)
-from mechanisms.losses.transforms import (
-    abs_sin_2pi,
-    abs_sin_2pi_loss,
-    indicator_half_one,
-    indicator_half_one_loss,
-    relu,
-    relu_loss,
 )
 
 __all__ = [
@@ -52,10 +44,4 @@ __all__ = [
     "QuantileRegressionLoss",
     "SquaredLoss",
     "TransformSquaredLoss",
-    "abs_sin_2pi",
-    "abs_sin_2pi_loss",
-    "indicator_half_one",
-    "indicator_half_one_loss",
-    "relu",
-    "relu_loss",
 ]

@@ -85,8 +85,9 @@ def test_defaults_and_relative_schema(tmp_path):
          r"queries\.c\.loss: cannot import module 'no_such_module_xyz'"),
         ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:nope"\nfields = ["a"]\n',
          r"queries\.c\.loss: module 'mechanisms.losses' has no attribute"),
-        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:relu_loss"\nfields = ["a"]\n'
-         'estimator = "sdr"\n', r"queries\.c\.estimator: 'sdr' needs a loss twice differentiable"),
+        ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "benchmarks.paper_losses:relu_loss"\n'
+         'fields = ["a"]\nestimator = "sdr"\n',
+         r"queries\.c\.estimator: 'sdr' needs a loss twice differentiable"),
         ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "json:dumps"\nfields = ["a"]\n',
          r"queries\.c\.loss"),
         # the check loss takes one column: two fields would run it on the wrong records
@@ -149,7 +150,7 @@ def test_file_problems(tmp_path):
 def test_custom_loss_loading():
     loss = load_custom_loss("mechanisms.losses:LogisticLoss")  # a class is instantiated
     assert hasattr(loss, "grad")
-    assert load_custom_loss("mechanisms.losses:relu_loss").smooth is False
+    assert load_custom_loss("benchmarks.paper_losses:relu_loss").smooth is False
     with pytest.raises(ConfigError, match="not a loss object"):
         load_custom_loss("json:JSONDecoder")
 

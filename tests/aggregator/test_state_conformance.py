@@ -36,7 +36,8 @@ QUERIES = [
      "sgd": _SGD},
     {"kind": "quantile_regression", "name": "qr", "response": "b", "covariates": ["a"], "tau": 0.5,
      "sgd": _SGD},
-    {"kind": "custom", "name": "cu", "loss": "mechanisms.losses:relu_loss", "fields": ["b"], "sgd": _SGD},
+    {"kind": "custom", "name": "cu", "loss": "benchmarks.paper_losses:relu_loss", "fields": ["b"],
+     "sgd": _SGD},
 ]
 EXACT_KINDS = {"frequency", "mean", "variance", "quantiles", "linear_regression"}
 IDS = [q["name"] for q in QUERIES]
@@ -193,7 +194,7 @@ def test_batch_checks(schema, data):
         ({"kind": "mean", "name": "m", "field": "c"}, "queries.m.field"),
         ({"kind": "frequency", "name": "f", "field": "a"}, "categorical"),
         ({"kind": "linear_regression", "name": "l", "response": "zz", "covariates": ["a"]}, "response"),
-        ({"kind": "custom", "name": "c", "loss": "mechanisms.losses:relu_loss", "fields": ["a"],
+        ({"kind": "custom", "name": "c", "loss": "benchmarks.paper_losses:relu_loss", "fields": ["a"],
           "estimator": "sdr"}, "estimator"),
     ],
 )

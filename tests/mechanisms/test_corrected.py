@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.paper_losses import abs_sin_2pi_loss, indicator_half_one_loss, relu_loss
 from mechanisms.corrected import corrected_loss
 from mechanisms.errors import ParameterError
 from mechanisms.losses import (
@@ -15,9 +16,6 @@ from mechanisms.losses import (
     QuantileRegressionLoss,
     SquaredLoss,
     TransformSquaredLoss,
-    abs_sin_2pi_loss,
-    indicator_half_one_loss,
-    relu_loss,
 )
 from mechanisms.zil import ZILMechanism
 

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
+from benchmarks.paper_losses import relu, relu_loss
 from mechanisms.corrected import corrected_loss
 from mechanisms.errors import ConvergenceWarning, ParameterError
 from mechanisms.estimation import MEstimate, dr_cdf, dr_quantile, m_estimate, variance_estimate
@@ -17,8 +18,6 @@ from mechanisms.losses import (
     QuantileRegressionLoss,
     SquaredLoss,
     TransformSquaredLoss,
-    relu,
-    relu_loss,
 )
 from mechanisms.zil import ZILMechanism
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from benchmarks.paper_losses import abs_sin_2pi_loss, indicator_half_one_loss, relu_loss
 from mechanisms.corrected import corrected_loss
 from mechanisms.estimation import dr_quantile, m_estimate
 from mechanisms.losses import (
@@ -17,9 +18,6 @@ from mechanisms.losses import (
     LogisticLoss,
     QuantileRegressionLoss,
     SquaredLoss,
-    abs_sin_2pi_loss,
-    indicator_half_one_loss,
-    relu_loss,
 )
 from mechanisms.zil import ZILMechanism
 

@@ -5,6 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.paper_losses import (
+    abs_sin_2pi,
+    abs_sin_2pi_loss,
+    indicator_half_one,
+    indicator_half_one_loss,
+    relu,
+    relu_loss,
+)
 from mechanisms.errors import ParameterError
 from mechanisms.losses import (
     CheckLoss,
@@ -15,12 +23,6 @@ from mechanisms.losses import (
     QuantileRegressionLoss,
     SquaredLoss,
     TransformSquaredLoss,
-    abs_sin_2pi,
-    abs_sin_2pi_loss,
-    indicator_half_one,
-    indicator_half_one_loss,
-    relu,
-    relu_loss,
 )
 
 SIN = TransformSquaredLoss(

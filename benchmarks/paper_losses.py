@@ -1,7 +1,8 @@
 """The three transforms of the paper's simulations and their losses ``(θ − g(x))²`` (Lu, Chen &
 Qiu 2025, §7.1: ℓ₁ ReLU, ℓ₂ an indicator, ℓ₃ ``|sin 2πx|``), none twice differentiable in x (DR
-only). Usable as custom losses (``mechanisms.losses:relu_loss``, docs/configuration.md) and used by
-the reproduction ``benchmarks/repro_zil.py``."""
+only), for the reproduction ``benchmarks/repro_zil.py`` (docs/reproductions.md) and the tests of
+losses that are continuous but not smooth in x. Each is a
+:class:`mechanisms.losses.TransformSquaredLoss`, the library's loss for any such transform."""
 
 from __future__ import annotations
 
