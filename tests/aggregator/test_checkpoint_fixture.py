@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from tests.reference.make_checkpoint_fixture import HERE, N_RECORDS, PER_RECORD
+from tests.reference.make_checkpoint_fixture import HERE, N_RECORDS, PER_RECORD, fold
 
 
 def _records() -> list[bytes]:
@@ -41,12 +41,7 @@ def test_the_committed_checkpoint_is_what_todays_fold_writes(runtime, checkpoint
     state blobs: the wire format, the doubling draws and every state's serialization are unchanged."""
     records = _records()
     assert len(records) == N_RECORDS
-    states = runtime.new_states()
-    for rec in records:
-        batch = runtime.decode(rec)
-        x2 = runtime.double(batch, rec)
-        for st in states.values():
-            st.update(batch, x2)
+    states = fold(runtime, records)
     assert checkpoint.next_offset == N_RECORDS and checkpoint.reports == N_RECORDS * PER_RECORD
     assert checkpoint.fingerprint == runtime.fingerprint
     assert sorted(checkpoint.states) == sorted(states)

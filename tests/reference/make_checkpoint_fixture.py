@@ -24,6 +24,17 @@ N_RECORDS, PER_RECORD, SEED = 80, 100, 20261201
 CREATED = 1764547200.0  # fixed so the file is reproducible
 
 
+def fold(runtime, records: list[bytes]) -> dict:
+    """Fresh states of ``runtime``'s queries with ``records`` folded in one by one, in order."""
+    states = runtime.new_states()
+    for rec in records:
+        batch = runtime.decode(rec)
+        x2 = runtime.double(batch, rec)
+        for st in states.values():
+            st.update(batch, x2)
+    return states
+
+
 def main() -> None:
     from aggregator.checkpoint import Checkpoint
     from aggregator.config import PipelineConfig
@@ -34,12 +45,7 @@ def main() -> None:
     cfg = PipelineConfig.load(HERE / "pipeline.toml")
     runtime = PipelineRuntime.from_config(cfg)
     records = ps.make_records(runtime.schema, n_records=N_RECORDS, per_record=PER_RECORD, seed=SEED)
-    states = runtime.new_states()
-    for rec in records:
-        batch = runtime.decode(rec)
-        x2 = runtime.double(batch, rec)
-        for st in states.values():
-            st.update(batch, x2)
+    states = fold(runtime, records)
     ck = Checkpoint(cfg.pipeline.name, 0, N_RECORDS, N_RECORDS * PER_RECORD, runtime.fingerprint,
                     {name: st.to_bytes() for name, st in states.items()}, records=N_RECORDS, created=CREATED)
     (HERE / "records.bin").write_bytes(b"".join(struct.pack(">I", len(r)) + r for r in records))
