@@ -1,4 +1,5 @@
-"""The one base of the project's immutable pydantic models (schema, queries, pipeline config)."""
+"""The one base of the project's immutable pydantic models (schema, queries, pipeline config,
+Kafka settings)."""
 
 from __future__ import annotations
 

@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from ingest._model import FrozenModel
 from ingest.errors import ConfigError, IngestError
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def _client_options() -> dict[str, frozenset[str]]:
             "admin": frozenset(KafkaAdminClient.DEFAULT_CONFIG)}
 
 
-class KafkaSettings(BaseModel):
+class KafkaSettings(FrozenModel):
     """Connection and security settings shared by producers, consumers and admin clients.
 
     Parameters
@@ -175,8 +176,6 @@ class KafkaSettings(BaseModel):
     Source: docs/kafka.md §2; option names and meaning are kafka-python's (``KafkaProducer`` /
     ``KafkaConsumer`` / ``KafkaAdminClient``).
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap_servers: tuple[str, ...]
     client_id: str | None = None
