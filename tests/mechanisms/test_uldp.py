@@ -247,7 +247,8 @@ def test_methods_return_distributions(mech):
     assert emp.p.min() < 0  # skewed p, small n: empirical goes negative somewhere (else test is moot)
 
 
-def test_threshold_rule_matches_design():
+def test_threshold_rule_as_documented():
+    """docs/frequency.md §4: Bonferroni threshold, the rest of the mass to the zeroed entries."""
     from mechanisms.uldp import threshold_estimate
 
     p = np.array([0.5, 0.3, 0.01, -0.02])
