@@ -665,7 +665,8 @@ def test_kafka_security_reaches_every_worker_and_serve_client(variant, monkeypat
     state reader, and serve's state reader (clients recorded instead of connecting)."""
     import kafka
 
-    from aggregator.worker import client_config, worker_from_config
+    from aggregator.checkpoint import StateTopicReader
+    from aggregator.worker import worker_from_config
 
     cfg = _secure_variants(tmp_path)[variant]
     want = {k: v for k, v in cfg.kafka.consumer_config().items() if k in _SECURITY_KEYS}
@@ -689,8 +690,9 @@ def test_kafka_security_reaches_every_worker_and_serve_client(variant, monkeypat
     monkeypatch.setattr(kafka, "KafkaProducer", KafkaProducer)
     worker_from_config(cfg).open()  # builds the consumer, checkpoint producer and state reader
     assert sorted(kind for kind, _ in made) == ["KafkaConsumer", "KafkaConsumer", "KafkaProducer"]
-    # serve builds its state-topic reader from client_config (aggregator/cli/serve.py)
-    made.append(("serve", client_config(cfg)))
+    # serve's state-topic reader, built as aggregator/cli/serve.py builds it
+    StateTopicReader.connect(cfg.kafka, cfg.topics.state, cfg.pipeline.name)
+    assert len(made) == 4 and made[-1][0] == "KafkaConsumer"
     for kind, kwargs in made:
         got = {k: kwargs.get(k) for k in want}
         assert got == want, f"{variant}: {kind} is missing security settings"

@@ -14,7 +14,7 @@
 
 from aggregator.plan import PipelineRuntime
 from aggregator.topics import ensure_topics
-from aggregator.worker.build import client_config, fast_group_settings, worker_from_config
+from aggregator.worker.build import worker_from_config
 from aggregator.worker.checkpointing import Checkpointer, InFlight, Published, SendOutcome
 from aggregator.worker.fold import Folder
 from aggregator.worker.loop import DEFAULT_MAX_POLL_RECORDS, KafkaClients, Worker
@@ -35,9 +35,7 @@ __all__ = [
     "Published",
     "SendOutcome",
     "Worker",
-    "client_config",
     "concat_batches",
     "ensure_topics",
-    "fast_group_settings",
     "worker_from_config",
 ]

@@ -10,30 +10,11 @@ from aggregator.metrics import WorkerMetrics
 from aggregator.plan import PipelineRuntime
 from aggregator.worker.loop import DEFAULT_MAX_POLL_RECORDS, KafkaClients, Worker
 from ingest.clients import consumer_client, producer_client
-from ingest.kafka import FAST_GROUP_SETTINGS
 
 if TYPE_CHECKING:
     from aggregator.config import PipelineConfig
 
-__all__ = ["client_config", "fast_group_settings", "worker_from_config"]
-
-
-def client_config(config: PipelineConfig) -> dict:
-    """kafka-python settings common to every client of a pipeline (``[kafka]`` section):
-    ``config.kafka.consumer_config()`` without a group.
-
-    Returns
-    -------
-    dict
-        Contains secrets in clear text: do not log it.
-    """
-    return config.kafka.consumer_config()
-
-
-def fast_group_settings() -> dict:
-    """:data:`ingest.kafka.FAST_GROUP_SETTINGS` (session timeout 6 s, heartbeat 1 s, max poll
-    interval 10 s)."""
-    return dict(FAST_GROUP_SETTINGS)
+__all__ = ["worker_from_config"]
 
 
 def worker_from_config(config: PipelineConfig, *, group_id: str | None = None,
