@@ -25,19 +25,8 @@ from scipy import stats
 
 from aggregator.errors import EmptyStateError, StateError
 from aggregator.queries import parse_query
-
-# names that lived here before their modules of their own, still importable from here
-from aggregator.state.doubling import (  # noqa: F401
-    _seeds_counts,
-    double_records,
-    doubling_draws,
-    doubling_seed,
-)
-from aggregator.state.serialize import (  # noqa: F401
-    FORMAT_MAGIC,
+from aggregator.state.serialize import (
     _restore,
-    decode_arrays,
-    encode_arrays,
     query_digest,
     schema_fingerprint,
     state_from_bytes,

@@ -30,8 +30,9 @@ Random scaling (Lee, Liao, Seo & Shin 2022, "Fast and robust online inference wi
 gradient descent via random scaling", AAAI): ``V̂ = s⁻² Σ_{r≤s} r² (θ̄_r − θ̄_s)(θ̄_r − θ̄_s)ᵀ``
 from the O(q²) running sums ``Σ r² θ̄_r θ̄_rᵀ``, ``Σ r² θ̄_r`` and ``Σ r²``; the interval is
 ``θ̄_j ± c_level·sqrt(V̂_jj/s)`` with ``c_0.95 = 6.747`` (the 97.5 % point of
-``|W(1)| / sqrt(∫(W(r) − rW(1))² dr)``; other levels in :data:`RS_CRITICAL`). ``stderr`` is the
-half-width / z_{(1+level)/2}, so that ``value ± z·stderr`` is the same interval.
+``|W(1)| / sqrt(∫(W(r) − rW(1))² dr)``; other levels in
+:data:`aggregator.state.random_scaling.RS_CRITICAL`). ``stderr`` is the half-width /
+z_{(1+level)/2}, so that ``value ± z·stderr`` is the same interval.
 
 Merging random-scaling runs: a state keeps the summaries ``(θ̄, V̂, s, n)`` of the runs merged
 into it and combines them with its own by their numbers of averaged steps: ``θ = Σ_k ω_k θ̄_k``
@@ -57,10 +58,9 @@ import numpy as np
 from aggregator.errors import ConfigError, StateError
 from aggregator.state._fields import numeric_columns, zil_of
 from aggregator.state.base import EmptyStateError, Estimate, State, normal_critical
-from aggregator.state.random_scaling import RS_COMBINED_RATIO, RS_CRITICAL, rs_critical
+from aggregator.state.random_scaling import rs_critical
 
-__all__ = ["DEFAULT_STEP0", "N_BANDWIDTHS", "REL_NOISE", "RS_COMBINED_RATIO", "RS_CRITICAL", "SGDState",
-           "rs_critical"]
+__all__ = ["DEFAULT_STEP0", "N_BANDWIDTHS", "REL_NOISE", "SGDState"]
 
 log = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ def test_a_small_step_does_not_diverge_on_the_same_data():
 def test_old_checkpoints_without_the_field_restore_as_not_diverged():
     import json
 
-    from aggregator.state.base import FORMAT_MAGIC
+    from aggregator.state.serialize import FORMAT_MAGIC
 
     st = build_state(_query(0.05), SCHEMA)
     for b, x2 in _batches(1):

@@ -12,7 +12,7 @@ import pytest
 from aggregator.errors import ConfigError, StateError
 from aggregator.queries import parse_query
 from aggregator.state import STATE_CLASSES, EmptyStateError, Estimate, State, build_state, doubling_draws
-from aggregator.state.base import FORMAT_MAGIC
+from aggregator.state.serialize import FORMAT_MAGIC
 from tests.aggregator._state_support import make_batch, make_schema, split
 
 _SGD = {"burn_in": 5}

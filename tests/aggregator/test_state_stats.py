@@ -284,7 +284,7 @@ def test_rs_critical_values_for_combined_partitions():
     from scipy import stats
 
     from aggregator.errors import ConfigError
-    from aggregator.state.sgd import RS_CRITICAL, rs_critical
+    from aggregator.state.random_scaling import RS_CRITICAL, rs_critical
 
     for level, c in RS_CRITICAL.items():
         assert rs_critical(level) == c == rs_critical(level, 1.0)
@@ -312,7 +312,7 @@ def test_random_scaling_merge_weights_by_steps():
     """The merged random-scaling estimate: θ = Σ ω_k θ̄_k with ω_k = s_k/Σ s, variance
     Σ ω_k² V̂_k/s_k, half-width rs_critical(level, 1/Σ ω_k²)·sqrt(variance) — from the
     partitions' own summaries."""
-    from aggregator.state.sgd import rs_critical
+    from aggregator.state.random_scaling import rs_critical
 
     batch, x2, _ = make_batch(SCHEMA, 30_000, np.random.default_rng(81))
     q = {**MEDIAN_Q, "sgd": {"batch_size": 64, "burn_in": 30}}
