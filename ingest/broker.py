@@ -23,16 +23,7 @@ import weakref
 from pathlib import Path
 
 from ingest.errors import BrokerError, ConfigError
-
-# the port and process helpers are ingest.processes'; re-exported so they import from here too
-from ingest.processes import (  # noqa: F401
-    EXIT_WITH_PARENT_ENV,
-    exit_with_parent,
-    free_port,
-    port_is_free,
-    set_parent_death_signal,
-    stop_process,
-)
+from ingest.processes import free_port, port_is_free, set_parent_death_signal, stop_process
 
 logger = logging.getLogger(__name__)
 
