@@ -26,7 +26,6 @@ from ingest.processes import spawn_process, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "examples" / "flights.schema.toml"
-FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_poll_interval_ms": 10000}
 
 QUERIES = """
 [[queries]]
