@@ -10,7 +10,7 @@ record, every checkpoint is self-consistent: restoring any of them and seeking t
 Wire layout of one checkpoint (the value of one state-topic record)::
 
     magic  b"LDPC"                       4 bytes
-    format version                       uint16 big-endian (currently 1)
+    format version                       uint16 big-endian (currently 2)
     header length H                      uint32 big-endian
     header                               H bytes of UTF-8 JSON (sorted keys)
     state blobs                          concatenated, lengths given in the header
@@ -35,6 +35,7 @@ from ingest.kafka import CLOSE_TIMEOUT_S, KafkaSettings
 __all__ = [
     "CHECKPOINT_MAGIC",
     "CHECKPOINT_VERSION",
+    "RETIRED_VERSIONS",
     "Checkpoint",
     "CheckpointError",
     "StateTopicReader",
@@ -45,7 +46,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_MAGIC = b"LDPC"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+#: Format versions this code refuses with a reason (the worker then rebuilds the partition from
+#: the earliest retained report, as for a changed query).
+RETIRED_VERSIONS = {
+    1: "it holds averaged-SGD regression states, which renewable estimation replaced",
+}
 _PREFIX = struct.Struct(">4sHI")
 _MAX_HEADER = 16 * 1024 * 1024
 
@@ -159,6 +165,9 @@ class Checkpoint:
         magic, version, hlen = _PREFIX.unpack_from(data, 0)
         if magic != CHECKPOINT_MAGIC:
             raise CheckpointError(f"bad checkpoint magic {magic!r}")
+        if version in RETIRED_VERSIONS:
+            raise CheckpointError(f"checkpoint format version {version} is no longer read: "
+                                  f"{RETIRED_VERSIONS[version]} (this version writes {CHECKPOINT_VERSION})")
         if version != CHECKPOINT_VERSION:
             raise CheckpointError(f"unsupported checkpoint version {version} (known: {CHECKPOINT_VERSION})")
         if hlen > _MAX_HEADER or _PREFIX.size + hlen > len(data):

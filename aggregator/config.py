@@ -511,9 +511,6 @@ def validate_queries(queries, schema) -> None:
                     f"fields {list(categorical)}"
                 )
             continue
-        if q.kind in ("logistic_regression", "quantile_regression", "custom") and q.level > 0.999:
-            raise ConfigError(f"{prefix}.level: the SGD estimators' intervals go up to 0.999 (their "
-                              f"critical values are tabulated to there), got {q.level}")
         for key, name in _field_keys(q):
             _require_numeric(name, schema, f"{prefix}.{key}", q.kind)
         if isinstance(q, LogisticRegressionQuery) and q.threshold is not None:

@@ -52,7 +52,8 @@ __all__ = [
     "QuantileRegressionQuery",
     "QuantilesQuery",
     "Query",
-    "SGDOptions",
+    "RenewableOptions",
+    "SGD_REMOVED",
     "VarianceQuery",
     "finite_float",
     "format_validation_error",
@@ -98,41 +99,20 @@ def finite_float(low: float, high: float, *, low_open: bool = True, high_open: b
     return Annotated[float, AfterValidator(check)]
 
 
-_STEP0 = finite_float(0.0, 1e3)
-_STEP_POWER = finite_float(0.5, 1.0, high_open=True)
-
-
-class SGDOptions(StrictModel):
-    """Tuning of the online averaged-SGD estimators (docs/mechanisms.md §6.5–§6.9).
-
-    Step ``γ_t = step0 · t^(−step_power)`` on mini-batches of ``batch_size`` reports; the
-    Polyak–Ruppert average of the iterates is the estimate (Lee, Liao, Seo & Shin 2022).
+class RenewableOptions(StrictModel):
+    """Blocks of the renewable estimator of general-loss queries (docs/mechanisms.md §6.5).
 
     Attributes
     ----------
-    step0 : float or None
-        γ₀ > 0, in standardized coordinates (fields scaled to [−1, 1] by the schema bounds);
-        ``None`` picks a per-kind default (logistic 10, quantile regression 2, custom 0.5).
-        Custom losses run in the fields' original units: a loss with a bounded gradient (check,
-        hinge) needs ``step0`` near a fifth of the parameter's range (docs/configuration.md).
-    step_power : float
-        a ∈ (0.5, 1); 0.505–0.6 recommended.
+    warm_up : int
+        Reports of a partition fitted in batch before the renewal starts (100 … 10⁶; default
+        5000). Until then the reports wait in the state and the estimate is their batch fit
+        (pooled over partitions). Smaller values give a partition's own fit sooner, from fewer
+        reports: a DR fit of a few thousand reports can land on a spurious optimum, which the
+        renewal then starts from.
     batch_size : int
-        Reports per SGD step, 1 … 65536.
-    burn_in : int
-        Number of initial SGD steps excluded from the average and from the one-step sums
-        (≥ 0; default 100): the transient from θ = 0 otherwise biases the Polyak–Ruppert
-        average and the linearization of the estimating equation.
-    ci : {"auto", "plugin", "random_scaling"}
-        How the estimate and its interval are formed (``aggregator.state.sgd``). ``"plugin"``:
-        one Newton step of the estimating equation linearized along the SGD iterates,
-        ``θ̂ = H⁻¹(Σ H_i θ_t − Σ g_i)``, with the plug-in sandwich ``H⁻¹ Ŝ H⁻ᵀ`` — every sum merges
-        exactly by addition across partitions. ``"random_scaling"``: the Polyak–Ruppert average
-        with random-scaling intervals (Lee, Liao, Seo & Shin 2022); partitions combine by
-        their numbers of averaged steps (``aggregator.state.sgd``). ``"auto"`` (default): plugin
-        for losses with a continuous θ-gradient (logistic, smooth custom losses), random
-        scaling for kinked ones (quantile regression, check, hinge: their one-step
-        linearization failed on the flights demo).
+        Reports per renewal block (10 … 10⁶; default 1000). Blocks are cut by report count in
+        offset order; fewer wait in the state (and enter the estimate).
 
     Raises
     ------
@@ -140,11 +120,28 @@ class SGDOptions(StrictModel):
         If a value is outside its range (wrapped into ``ConfigError`` by :func:`parse_query`).
     """
 
-    step0: _STEP0 | None = None
-    step_power: _STEP_POWER = 0.55
-    batch_size: int = Field(default=64, ge=1, le=65536)
-    burn_in: int = Field(default=100, ge=0)
-    ci: Literal["auto", "plugin", "random_scaling"] = "auto"
+    warm_up: int = Field(default=5000, ge=100, le=1_000_000)
+    batch_size: int = Field(default=1000, ge=10, le=1_000_000)
+
+
+#: The message for a query that still has the removed averaged-SGD table.
+SGD_REMOVED = ("the averaged-SGD options are gone: general losses are fitted by renewable estimation "
+               "without step sizes; remove the `sgd` table (its replacement is the optional "
+               "`renewable = { warm_up = 5000, batch_size = 1000 }`)")
+
+
+class _RenewableQuery(StrictModel):
+    """Mixin of the general-loss queries: the ``renewable`` options, and one clear line for a
+    config that still has the ``sgd`` table."""
+
+    renewable: RenewableOptions = RenewableOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_sgd(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sgd" in data:
+            raise ValueError(SGD_REMOVED)
+        return data
 
 
 class _QueryBase(StrictModel):
@@ -272,8 +269,8 @@ class LinearRegressionQuery(_RegressionBase):
         return self
 
 
-class LogisticRegressionQuery(_RegressionBase):
-    """Logistic regression of a binary label on numeric covariates, online averaged SGD.
+class LogisticRegressionQuery(_RenewableQuery, _RegressionBase):
+    """Logistic regression of a binary label on numeric covariates, renewable DR M-estimation.
 
     Attributes
     ----------
@@ -285,14 +282,13 @@ class LogisticRegressionQuery(_RegressionBase):
     threshold : float or None
         Threshold in the label field's original units.
     estimator : {"dr", "sdr"}
-    sgd : SGDOptions
+    renewable : RenewableOptions
     """
 
     kind: Literal["logistic_regression"] = "logistic_regression"
     label: str
     threshold: float | None = None
     estimator: Literal["dr", "sdr"] = "dr"
-    sgd: SGDOptions = SGDOptions()
 
     _without_covariates: ClassVar[str] = "a logistic regression needs at least one covariate"
 
@@ -315,8 +311,8 @@ class LogisticRegressionQuery(_RegressionBase):
         return self
 
 
-class QuantileRegressionQuery(_RegressionBase):
-    """Linear quantile regression (check loss ρ_τ, non-smooth → DR only), online averaged SGD.
+class QuantileRegressionQuery(_RenewableQuery, _RegressionBase):
+    """Linear quantile regression (check loss ρ_τ, non-smooth → DR only), renewable M-estimation.
 
     Attributes
     ----------
@@ -329,7 +325,6 @@ class QuantileRegressionQuery(_RegressionBase):
     response: str
     tau: float = 0.5
     estimator: Literal["dr"] = "dr"
-    sgd: SGDOptions = SGDOptions()
 
     _without_covariates: ClassVar[str] = "for the response's quantile use kind = \"quantiles\" with q = [tau]"
 
@@ -342,8 +337,8 @@ class QuantileRegressionQuery(_RegressionBase):
         return self
 
 
-class CustomQuery(_QueryBase):
-    """A user loss ``module:callable`` minimised by online averaged SGD on its corrected gradient.
+class CustomQuery(_RenewableQuery, _QueryBase):
+    """A user loss ``module:callable``, fitted by renewable M-estimation of its corrected loss.
 
     The callable is called with no argument (or is a loss object itself) and must give a loss
     object of :mod:`mechanisms.losses` whose data columns are ``fields`` in order, in original
@@ -358,7 +353,6 @@ class CustomQuery(_QueryBase):
     estimator: Literal["dr", "sdr", "sl", "naive"] = "dr"
     params: tuple[str, ...] | None = Field(default=None, strict=False)
     init: tuple[float, ...] | None = Field(default=None, strict=False)
-    sgd: SGDOptions = SGDOptions()
 
     @field_validator("loss")
     @classmethod

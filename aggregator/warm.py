@@ -2,7 +2,7 @@
 
 Run once at install (``make``'s setup step, the Docker image build): the bulk decoder
 (``ingest._decode_kernel``), the closed-form state loops (``aggregator.state._kernels``) and the
-averaged-SGD loop (``aggregator.state._sgd_kernel``) then load in ≈ 3 s per process instead of
+renewal loop (``aggregator.state._renewable_kernel``) then load in ≈ 3 s per process instead of
 compiling for ≈ 15 s. Where the cache cannot be written see ``ingest._numba``.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 def warm_all() -> None:
     """Compile (or load) all the worker's kernels in this process."""
-    from aggregator.state import _kernels, _sgd_kernel
+    from aggregator.state import _kernels, _renewable_kernel
     from ingest import _decode_kernel
 
     _decode_kernel.warm()
     _kernels.warm()
-    _sgd_kernel.warm()
+    _renewable_kernel.warm()
 
 
 if __name__ == "__main__":

@@ -21,8 +21,7 @@ def register(subparsers) -> None:
                     "SIGTERM/SIGINT: final checkpoint, then leave the group; exit status 1 if the "
                     "final checkpoint failed (the next start replays from the last one); exit "
                     "status 2 with the error if a state update failed (no checkpoint follows it). "
-                    "A query whose SGD diverges does not stop the worker: its estimate reports "
-                    "the divergence and the other queries go on. A signal during start-up stops "
+                    "A signal during start-up stops "
                     "it with exit status 0 (nothing consumed yet).")
     p.add_argument("--config", required=True, help="pipeline TOML file")
     p.add_argument("--metrics-port", type=int, default=None,

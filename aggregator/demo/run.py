@@ -487,7 +487,7 @@ def _split_payload(payload) -> tuple[dict, dict]:
     """Split serve's ``/estimates`` payload into ``({query: estimate}, {query: not-ready entry})``.
 
     Entries without ``params`` are queries that cannot estimate yet (``{"query", "n", "error"}``,
-    e.g. an SGD regression still in its burn-in).
+    e.g. a regression with fewer reports than it has parameters times ten).
     """
     if isinstance(payload, dict) and "estimates" in payload:
         payload = payload["estimates"]

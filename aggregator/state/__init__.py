@@ -4,7 +4,7 @@
 * :class:`MomentsState` — mean and variance (``mean``, ``variance``);
 * :class:`HistogramState` — DR CDF and quantiles (``quantiles``);
 * :class:`GramState` — SDR linear regression (``linear_regression``);
-* :class:`SGDState` — averaged SGD with random-scaling CIs (``logistic_regression``,
+* :class:`RenewableState` — renewable M-estimation of general losses (``logistic_regression``,
   ``quantile_regression``, ``custom``).
 
 Use :func:`build_state` (query, schema) → state. :mod:`aggregator.state.doubling` holds the
@@ -21,10 +21,10 @@ from aggregator.state.gram import GramState
 from aggregator.state.histogram import HistogramState
 from aggregator.state.moments import MomentsState
 from aggregator.state.registry import STATE_CLASSES, build_state, register_state
+from aggregator.state.renewable import RenewableState
 from aggregator.state.serialize import state_from_bytes, state_to_bytes
-from aggregator.state.sgd import SGDState
 
-for _cls in (CountsState, MomentsState, HistogramState, GramState, SGDState):
+for _cls in (CountsState, MomentsState, HistogramState, GramState, RenewableState):
     register_state(_cls)
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
     "GramState",
     "HistogramState",
     "MomentsState",
-    "SGDState",
+    "RenewableState",
     "State",
     "build_state",
     "double_records",

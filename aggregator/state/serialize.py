@@ -114,7 +114,7 @@ def state_from_bytes(data: bytes, query, schema, *, expected: type | None = None
     schema : TelemetrySchema
         Must have the same fingerprint.
     expected : type, optional
-        The restored class must be this one or a subclass (``SGDState.from_bytes``); None: any
+        The restored class must be this one or a subclass (``RenewableState.from_bytes``); None: any
         registered state class.
     loss : loss object, optional
         A custom query's resolved loss, passed to the state class (no user code is imported;

@@ -15,7 +15,7 @@ A *record* is one row of an array ``x`` of shape ``(n, p)`` in original units. E
   columns (``weights`` aligned with ``noised``; the SL covariance diagonal ``σ_j²`` in use) and
   ``grad_laplacian_x(x, θ, weights) -> (n, q)``, its θ-gradient.
 
-``value``/``grad``/``laplacian_x`` do no validation (they sit in the SGD hot loop); call
+``value``/``grad``/``laplacian_x`` do no validation (they sit in the online estimators' hot loop); call
 :meth:`Loss.check_x` once on a batch first.
 
 Modules: :mod:`~mechanisms.losses.base` (the :class:`Loss` interface),

@@ -180,7 +180,7 @@ class Loss(ABC):
         ``(θ − g(x))²``, linear/logistic/Huber regression); None for kinked losses (use
         :meth:`smoothed_hessians`) and for losses without a closed form. Applied to ``X̃₁`` and
         ``X̃₂`` and DR-combined, ``[H(X̃₁) − (1−δ)H(X̃₂)]/δ``, it is unbiased for ``E ∇²θ ℓ(X, θ)``
-        (docs/mechanisms.md §6.6); used by the online one-step estimator (``aggregator.state.sgd``).
+        (docs/mechanisms.md §6.6); used by the renewable estimator (``mechanisms.renewable``).
 
         Parameters
         ----------
