@@ -207,10 +207,10 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
     ``mean`` (squared loss), ``linear_regression``, ``quantile_regression`` and ``custom`` run
     :func:`mechanisms.estimation.m_estimate` with the query's estimator; ``variance`` and
     ``quantiles`` use :func:`mechanisms.estimation.variance_estimate` /
-    :func:`mechanisms.estimation.dr_quantile`; ``logistic_regression`` with a ``threshold`` runs the
-    exact DR fit of the logistic loss with the label ``1{label > threshold}``; ``frequency`` (and a
-    logistic regression on a plain 0/1 label field) fold the replayed batch into the query's
-    state (its estimator is already the batch one for counts).
+    :func:`mechanisms.estimation.dr_quantile`; ``logistic_regression`` runs the exact fit of the
+    logistic loss with the label ``1{label > threshold}`` (or the noised 0/1 label field itself);
+    ``frequency`` folds the replayed batch into the query's state (its estimator is already the
+    batch one for counts).
 
     Returns
     -------
@@ -244,12 +244,18 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
         params = (["intercept"] if query.intercept else []) + list(query.covariates)
         return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
                             level=level)
-    if kind == "logistic_regression" and query.threshold is not None:
-        # y = 1{label > threshold} is a function of a noised field: the exact DR fit
+    if kind == "logistic_regression":
         cols = [*query.covariates, query.label]
-        k, t = len(query.covariates), float(query.threshold)
-        loss = losses.LogisticLoss(intercept=query.intercept, noised=tuple(range(k + 1)),
-                                   covariates=tuple(range(k)), label=lambda x: (x[:, k] > t).astype(float))
+        k = len(query.covariates)
+        if query.threshold is not None:
+            # y = 1{label > threshold} is a function of a noised field: the exact DR fit
+            t = float(query.threshold)
+            loss = losses.LogisticLoss(intercept=query.intercept, noised=tuple(range(k + 1)),
+                                       covariates=tuple(range(k)),
+                                       label=lambda x: (x[:, k] > t).astype(float))
+        else:  # the noised 0/1 label field enters the loss linearly
+            loss = losses.NoisedLabelLogisticLoss(intercept=query.intercept, noised=tuple(range(k + 1)),
+                                                  covariates=tuple(range(k)))
         params = (["intercept"] if query.intercept else []) + list(query.covariates)
         return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
                             level=level)

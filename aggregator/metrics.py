@@ -148,7 +148,8 @@ class ServeMetrics:
 
     Gauges ``ldp_estimate``, ``ldp_estimate_stderr``, ``ldp_estimate_ci_lower``,
     ``ldp_estimate_ci_upper`` carry labels ``query`` and ``param`` (one series per estimated
-    parameter); ``ldp_estimate_reports{query}`` is the number of reports behind the estimate.
+    parameter); ``ldp_estimate_reports{query}`` is the number of reports behind the estimate;
+    ``ldp_estimate_hessian_guard{query}`` counts the renewable regressions' guard actions.
 
     Parameters
     ----------
@@ -169,6 +170,10 @@ class ServeMetrics:
                              registry=r)
         self.state_invalid = Counter(_base("ldp_state_records_invalid_total"),
                                      "State-topic records that failed to decode.", registry=r)
+        self.hessian_guard = Gauge("ldp_estimate_hessian_guard",
+                                   "Times the positive-definiteness guard of a renewable "
+                                   "regression's Hessian acted (docs/mechanisms.md §6.6).", ["query"],
+                                   registry=r)
         self.partitions = Gauge("ldp_state_partitions", "Partition checkpoints merged per query.",
                                 ["query"], registry=r)
         self.state_contact = Gauge("ldp_state_topic_last_contact_timestamp_seconds",
@@ -189,6 +194,8 @@ class ServeMetrics:
             default ``"value"`` for a scalar, ``"0", "1", …`` otherwise). Non-finite entries are
             skipped (a gauge is never set to NaN).
         """
+        if estimate.get("hessian_guard") is not None:
+            self.hessian_guard.labels(query=query).set(int(estimate["hessian_guard"]))
         vals = _as_list(estimate.get("value"))
         default = ["value"] if len(vals) == 1 else [str(i) for i in range(len(vals))]
         params = estimate.get("params") or default

@@ -44,6 +44,7 @@ from aggregator.errors import ConfigError
 from ingest._model import StrictModel
 
 __all__ = [
+    "SGD_REMOVED",
     "CustomQuery",
     "FrequencyQuery",
     "LinearRegressionQuery",
@@ -53,7 +54,6 @@ __all__ = [
     "QuantilesQuery",
     "Query",
     "RenewableOptions",
-    "SGD_REMOVED",
     "VarianceQuery",
     "finite_float",
     "format_validation_error",

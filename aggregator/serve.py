@@ -85,11 +85,16 @@ def estimate_payload(name: str, state) -> dict:
     Returns
     -------
     dict
-        ``Estimate.to_dict()`` (value, stderr, ci_low, ci_high, n, level, params, …); when the
+        ``Estimate.to_dict()`` (value, stderr, ci_low, ci_high, n, level, params, …), plus
+        ``hessian_guard`` for the renewable regression states (docs/mechanisms.md §6.6); when the
         state cannot estimate yet, ``{"query": name, "n": state.n, "error": "..."}``.
     """
     try:
-        return state.estimate().to_dict()
+        out = state.estimate().to_dict()
+        guarded = getattr(state, "guarded", None)
+        if guarded is not None:  # renewable states: how often H's positive-definiteness guard acted
+            out["hessian_guard"] = int(guarded)
+        return out
     except (AggregatorError, ValueError, ArithmeticError) as exc:
         return {"query": name, "n": int(getattr(state, "n", 0)), "error": str(exc)}
     except Exception as exc:  # a bug in one state (or a user's loss) must not stop the others
@@ -146,6 +151,7 @@ class EstimateStore:
         self._estimates: dict[str, dict] = {}
         self._info: dict = {"partitions": [], "reports": 0, "next_offsets": {}}
         self._bad: set[tuple[bytes, int]] = set()
+        self._computed_for: tuple | None = None  # the (key, offset) set of the last computation
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_refresh: float | None = None
@@ -155,9 +161,18 @@ class EstimateStore:
     def set_checkpoints(self, raw: Mapping[bytes, bytes], offsets: Mapping[bytes, int] | None = None) -> None:
         """Recompute the merged estimates from the latest raw checkpoint per key.
 
+        With ``offsets`` (the state-topic offset of each key's record), nothing is recomputed
+        while no key's offset changed.
+
         Undecodable checkpoints are logged, counted once (``ldp_state_records_invalid_total``)
         and skipped.
         """
+        if offsets is not None:
+            sig = tuple(sorted((bytes(k), offsets.get(k, -1)) for k in raw))
+            if sig == self._computed_for:  # no checkpoint changed since the last computation
+                self.last_refresh = time.time()
+                return
+            self._computed_for = sig
         cks = []
         for key, value in raw.items():
             try:

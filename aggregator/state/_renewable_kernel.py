@@ -221,6 +221,6 @@ def warm() -> None:
     u, x = np.zeros((0, 2)), np.zeros((0, 3))
     c = np.zeros(2)
     renew_blocks(u, x, u, x, np.arange(2, dtype=np.int64), c, c + 1.0, True, LABEL_RAW, 0.0, 1.0, 1.0,
-                 PHI_LOGISTIC, 0.0, 1, 0, np.zeros(2), np.eye(2), np.zeros((2, 2)), np.zeros(2), 1.0, 0.6, 0.2,
-                 8, 1e-6)
+                 PHI_LOGISTIC, 0.0, 1, 0, np.zeros(2), np.eye(2), np.zeros((2, 2)), np.zeros(2), 1.0, 0.6,
+                 0.2, 8, 1e-6)
     _warm = True

@@ -45,26 +45,6 @@ log = logging.getLogger(__name__)
 MIN_REPORTS_PER_PARAM = 10
 
 
-def _noised_label_logistic():
-    from mechanisms.losses import LogisticLoss
-
-    class _LinearLabelLogistic(LogisticLoss):
-        """Logistic loss whose (noised) label column enters linearly: ∂²ℓ/∂y² = 0."""
-
-        _label_may_be_noised = True
-
-        def _check_labels(self, y, name):
-            return None
-
-        def _phi_yy(self, eta, y):
-            return np.zeros(eta.shape)
-
-        def _phi_yye(self, eta, y):
-            return np.zeros(eta.shape)
-
-    return _LinearLabelLogistic
-
-
 class RenewableState(State):
     """Renewable M-estimate of a regression or user loss (module docstring).
 
@@ -148,7 +128,7 @@ class RenewableState(State):
     def _regression_setup(self, q, zil) -> np.ndarray:
         """Columns, standardization, loss and back-transform of a regression query; returns the
         SL noise variance per noised column in standardized units."""
-        from mechanisms.losses import LogisticLoss, QuantileRegressionLoss
+        from mechanisms.losses import LogisticLoss, NoisedLabelLogisticLoss, QuantileRegressionLoss
 
         ycol_name = q.label if q.kind == "logistic_regression" else q.response
         self.cols = np.concatenate([
@@ -170,7 +150,7 @@ class RenewableState(State):
                 noise_var = noise_var[:k]
             else:
                 self.shift[k], self.scale[k] = 0.0, 1.0  # the label is used as is (0/1 scale)
-                self.loss = _noised_label_logistic()(noised=tuple(range(k + 1)), **common)
+                self.loss = NoisedLabelLogisticLoss(noised=tuple(range(k + 1)), **common)
             yscale, yshift = 1.0, 0.0
         else:
             self.loss = QuantileRegressionLoss(tau=q.tau, noised=tuple(range(k + 1)), **common)
@@ -287,10 +267,9 @@ class RenewableState(State):
     def _renew_kernel(self, x1: np.ndarray | None, x2: np.ndarray | None) -> None:
         """Renew with the compiled loop: the buffered rows, then ``x1``/``x2`` (n, d) in original
         units, standardized inside the loop; the remainder becomes the new buffer."""
+        from aggregator.state._renewable_kernel import renew_blocks
         from mechanisms import renewable as rn
         from mechanisms.renewable import RenewableFit
-
-        from aggregator.state._renewable_kernel import renew_blocks
 
         code, tau, a, b, label_mode, t_label = self._kernel
         if x1 is None:  # only the buffer (right after the warm-up)

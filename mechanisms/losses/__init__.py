@@ -31,6 +31,7 @@ from mechanisms.losses.regression import (
     HuberLoss,
     LinearRegressionLoss,
     LogisticLoss,
+    NoisedLabelLogisticLoss,
     QuantileRegressionLoss,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "LinearRegressionLoss",
     "LogisticLoss",
     "Loss",
+    "NoisedLabelLogisticLoss",
     "QuantileRegressionLoss",
     "SquaredLoss",
     "TransformSquaredLoss",

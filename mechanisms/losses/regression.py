@@ -365,6 +365,27 @@ class LogisticLoss(_IndexLoss):
         return 1.0 / zs
 
 
+class NoisedLabelLogisticLoss(LogisticLoss):
+    """Logistic loss whose 0/1 label is a released (noised) record column.
+
+    ``ℓ = log(1 + e^η) − y η`` is linear in ``y``, so the DR and SDR corrected losses stay
+    unbiased when the label column itself carries ZIL noise (``∂²ℓ/∂y² = 0``); the labels are
+    then not checked to be 0 or 1. Parameters as :class:`LogisticLoss` (``label`` must be None
+    and the label column may be in ``noised``).
+    """
+
+    _label_may_be_noised = True
+
+    def _check_labels(self, y, name):
+        return None
+
+    def _phi_yy(self, eta, y):
+        return np.zeros(eta.shape)
+
+    def _phi_yye(self, eta, y):
+        return np.zeros(eta.shape)
+
+
 class HingeLoss(_IndexLoss):
     """Hinge (SVM) loss ``ℓ = max(0, 1 − ỹ η)``, ``ỹ = ±1`` (labels 0/1 or −1/+1; paper §1).
 
