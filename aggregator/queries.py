@@ -106,10 +106,12 @@ class RenewableOptions(StrictModel):
     ----------
     warm_up : int
         Reports of a partition fitted in batch before the renewal starts (100 … 10⁶; default
-        5000). Until then the reports wait in the state and the estimate is their batch fit
-        (pooled over partitions). Smaller values give a partition's own fit sooner, from fewer
-        reports: a DR fit of a few thousand reports can land on a spurious optimum, which the
-        renewal then starts from.
+        20000). Until then the reports wait in the state (16 bytes per report and field of the
+        query, in memory and in each checkpoint) and the estimate is their batch fit, pooled
+        over partitions. The renewal carries the warm-up fit's curvature forward, so the warm-up
+        must determine the coefficients well: with the demo's privacy parameters a median
+        regression warmed up on 5000–10000 reports per partition stayed several standard errors
+        off for the rest of the stream (docs/mechanisms.md §6.8).
     batch_size : int
         Reports per renewal block (10 … 10⁶; default 1000). Blocks are cut by report count in
         offset order; fewer wait in the state (and enter the estimate).
@@ -120,14 +122,14 @@ class RenewableOptions(StrictModel):
         If a value is outside its range (wrapped into ``ConfigError`` by :func:`parse_query`).
     """
 
-    warm_up: int = Field(default=5000, ge=100, le=1_000_000)
+    warm_up: int = Field(default=20_000, ge=100, le=1_000_000)
     batch_size: int = Field(default=1000, ge=10, le=1_000_000)
 
 
 #: The message for a query that still has the removed averaged-SGD table.
 SGD_REMOVED = ("the averaged-SGD options are gone: general losses are fitted by renewable estimation "
                "without step sizes; remove the `sgd` table (its replacement is the optional "
-               "`renewable = { warm_up = 5000, batch_size = 1000 }`)")
+               "`renewable = { warm_up = 20000, batch_size = 1000 }`)")
 
 
 class _RenewableQuery(StrictModel):

@@ -28,7 +28,8 @@ cycle.
 
 Positive definiteness: when ``H + Ĥ_b`` is not positive definite (a DR Hessian of a small block
 can be indefinite) the step uses ``H`` alone; when ``H + Ĥ_b(θ̂)`` is not, that block's Hessian is
-not added. Both are counted in :attr:`RenewableFit.guarded`. A warm-up Hessian that is not
+not added; a block whose Newton step is not finite is skipped (its reports counted in ``n``).
+All are counted in :attr:`RenewableFit.guarded`. A warm-up Hessian that is not
 positive definite has its eigenvalues floored at ``1e-9·max|λ|`` (counted too).
 """
 
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -336,6 +337,8 @@ class Renewable:
             if not is_positive_definite(M):
                 M, guarded = H, guarded + 1
             step = np.linalg.solve(M, grad)
+            if not np.all(np.isfinite(step)):  # a block the fit cannot take: skip it (counted)
+                return replace(fit, n=n_new, guarded=guarded + 1)
             if not self.kinked and float(step @ M @ step) <= NEWTON_TOL:
                 break
             th = th - step

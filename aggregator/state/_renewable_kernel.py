@@ -166,6 +166,7 @@ def renew_blocks(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_
         th0[:] = theta
         th[:] = theta
         steps = 0
+        finite = True
         while True:
             _block_terms(z1, y1, z2, y2, th, a, b, two, code, tau, hmode, bw, e1, g1, h1, e2, g2, h2, w,
                          xt, bits, gt, G, Hb)
@@ -182,6 +183,12 @@ def renew_blocks(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_
                 sc[1] += 1.0
                 M[:, :] = H
                 chol_solve(M, G, L, step)  # H is positive definite (the fit's invariant)
+            finite = True
+            for j in range(q):
+                if not math.isfinite(step[j]):
+                    finite = False
+            if not finite:
+                break
             if smooth:
                 dec = 0.0
                 for j in range(q):
@@ -192,6 +199,10 @@ def renew_blocks(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_
             for j in range(q):
                 th[j] -= step[j]
             steps += 1
+        if not finite:  # a block the fit cannot take: skipped, its reports counted
+            sc[1] += 1.0
+            sc[0] = n_new
+            continue
         for j in range(q):
             for k in range(q):
                 M[j, k] = H[j, k] + Hb[j, k]
