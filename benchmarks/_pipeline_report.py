@@ -155,7 +155,7 @@ def print_tables(r: dict) -> None:
                 "consume: wall seconds and CPU seconds per thread (best passes)",
             )
         )
-    if r.get("consume_no_sgd"):
+    if r.get("consume_no_regressions"):
         print(
             table(
                 ["reports/record", "reports", "raw consume /s", "worker /s", "worker/raw", "medians",
@@ -171,9 +171,9 @@ def print_tables(r: dict) -> None:
                         x.get("worker_vs_raw_paired_median", float("nan")),
                         x.get("worker_reports_per_cpu_s", float("nan")),
                     )
-                    for x in r["consume_no_sgd"]
+                    for x in r["consume_no_regressions"]
                 ],
-                "consume, pipeline without the two SGD queries (5 queries)",
+                "consume, pipeline without the two regression queries (5 queries)",
             )
         )
     if r.get("e2e"):

@@ -573,7 +573,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run, ~2 min)")
-    ap.add_argument("--sections", default="produce,consume,consume_no_sgd,e2e,scale,memory,breakdown,latency")
+    ap.add_argument("--sections", default="produce,consume,consume_no_regressions,e2e,scale,memory,breakdown,latency")
     ap.add_argument("--max-reports-memory", type=int, default=10_000_000)
     ap.add_argument("--profile-m", type=int, default=1000, help="cProfile the worker at this record size")
     ap.add_argument(
@@ -610,7 +610,7 @@ def main(argv=None) -> int:
             "latency",
             "profile_top",
             "breakdown",
-            "consume_no_sgd",
+            "consume_no_regressions",
         ):
             if k in old and k not in sections:
                 results[k] = old[k]
@@ -637,10 +637,10 @@ def main(argv=None) -> int:
                                                        repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid)
             if prof:
                 results["profile_top"] = prof
-        if "consume_no_sgd" in sections:
-            print("consume_no_sgd (closed-form and count queries only)", flush=True)
+        if "consume_no_regressions" in sections:
+            print("consume_no_regressions (closed-form and count queries only)", flush=True)
             plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
-            results["consume_no_sgd"], _ = section_consume(
+            results["consume_no_regressions"], _ = section_consume(
                 tmp, boot, pool, plan, None, drop_kinds=("logistic_regression", "quantile_regression"),
                 repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid,
             )
