@@ -164,7 +164,7 @@ class Loss(ABC):
 
         Losses whose θ-gradient jumps (check, hinge) replace the Dirac mass of ``∂²ℓ/∂η²`` by a
         Gaussian kernel of width ``bandwidth`` (units of the residual/margin); used for the
-        sandwich's V (docs/mechanisms.md §4.3; online: §6.9).
+        sandwich's V (docs/mechanisms.md §4.3; online: §6.7).
         """
         return None
 
