@@ -16,7 +16,7 @@ from tests.integration import pipeline_support as ps
 CUSTOM = (f'[pipeline]\nname = "flights"\nschema = "{ps.SCHEMA}"\n'
           '[[queries]]\nkind = "mean"\nname = "m"\nfield = "arr_delay"\n'
           '[[queries]]\nkind = "custom"\nname = "lin"\nfields = ["dep_delay", "arr_delay"]\n'
-          'loss = "tests.aggregator.test_sgd_diverged:_flights_linreg"\n')
+          'loss = "tests.aggregator.test_renewable_guard:_flights_linreg"\n')
 
 
 def test_the_plan_holds_the_configs_names_queries_and_resolved_losses():
