@@ -107,7 +107,13 @@ def test_defaults_and_relative_schema(tmp_path):
         ('[topics]\nreports = "x"\nstate = "x"\n', r"topics: reports, state and dead_letter must be three "
          r"different topics, got 'x', 'x'"),
         ('[[queries]]\nkind = "quantile_regression"\nname = "qr"\nresponse = "b"\ncovariates = ["a"]\n'
-         'level = 0.9995\n', r"queries\.qr\.level: the SGD estimators' intervals go up to 0\.999"),
+         'renewable = { warm_up = 99 }\n', r"queries\.qr\.renewable\.warm_up: must be >= 100, got 99"),
+        ('[[queries]]\nkind = "logistic_regression"\nname = "l"\ncovariates = ["a"]\nlabel = "y"\n'
+         'renewable = { batch_size = 2000000 }\n', r"queries\.l\.renewable\.batch_size: must be <= 1000000"),
+        ('[[queries]]\nkind = "quantile_regression"\nname = "qr"\nresponse = "b"\ncovariates = ["a"]\n'
+         'renewable = { burn_in = 10 }\n', r"queries\.qr\.renewable\.burn_in: Extra inputs"),
+        ('[[queries]]\nkind = "mean"\nname = "m"\nfield = "a"\nrenewable = { warm_up = 1000 }\n',
+         r"queries\.m\.renewable: Extra inputs"),
         ('[worker]\nmetrics_port = 70000\n', r"worker\.metrics_port"),
         ('[worker]\nmalloc_trim_threshold_mib = 16\n', r"worker\.malloc_trim_threshold_mib.*\[32, 2047\]"),
         ('[worker]\nmalloc_trim_threshold_mib = -1\n', r"worker\.malloc_trim_threshold_mib"),
@@ -125,6 +131,46 @@ def test_invalid_configs_name_the_key(tmp_path, body, match):
     with pytest.raises(ConfigError, match=match) as info:
         PipelineConfig.load(p)
     assert "\n" not in str(info.value)
+
+
+REGRESSIONS = {
+    "logistic_regression": 'covariates = ["a"]\nlabel = "y"\n',
+    "quantile_regression": 'covariates = ["a"]\nresponse = "b"\n',
+    "custom": 'loss = "mechanisms.losses:CheckLoss"\nfields = ["a"]\n',
+}
+
+
+@pytest.mark.parametrize("kind", list(REGRESSIONS))
+@pytest.mark.parametrize("sgd", ["sgd = { step0 = 1.0, burn_in = 10 }\n", "sgd = {}\n",
+                                 "[queries.sgd]\nci = 'plugin'\n"])
+def test_a_removed_sgd_table_is_one_line_naming_its_replacement(tmp_path, kind, sgd):
+    """A config of the averaged-SGD era: one line naming the query, ``sgd`` and the ``renewable``
+    table that replaced it — not a pydantic listing of the old keys."""
+    from aggregator.queries import SGD_REMOVED
+
+    p = write(tmp_path, HEAD + f'[[queries]]\nkind = "{kind}"\nname = "r"\n' + REGRESSIONS[kind] + sgd)
+    with pytest.raises(ConfigError) as info:
+        PipelineConfig.load(p)
+    msg = str(info.value)
+    assert msg == f"queries.r: {SGD_REMOVED}"
+    assert "\n" not in msg and "`sgd`" in msg and "renewable = {" in msg
+
+
+def test_renewable_options_default_and_load_at_their_bounds(tmp_path):
+    """``renewable`` is optional (``RenewableOptions()``'s defaults) and takes warm_up 100 … 10⁶, batch_size
+    10 … 10⁶; the Wald intervals of the regressions take any level in [0.5, 1)."""
+    from aggregator.queries import RenewableOptions
+
+    body = HEAD
+    for name, opts in (("d", ""), ("lo", "renewable = { warm_up = 100, batch_size = 10 }\n"),
+                       ("hi", "renewable = { warm_up = 1000000, batch_size = 1000000 }\n")):
+        body += (f'[[queries]]\nkind = "quantile_regression"\nname = "{name}"\n'
+                 + REGRESSIONS["quantile_regression"] + opts + "level = 0.9995\n")
+    cfg = PipelineConfig.load(write(tmp_path, body))
+    assert cfg.query("d").renewable == RenewableOptions()
+    assert (cfg.query("lo").renewable.warm_up, cfg.query("lo").renewable.batch_size) == (100, 10)
+    assert (cfg.query("hi").renewable.warm_up, cfg.query("hi").renewable.batch_size) == (10**6, 10**6)
+    assert cfg.query("hi").level == 0.9995
 
 
 def test_file_problems(tmp_path):

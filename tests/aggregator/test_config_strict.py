@@ -109,9 +109,13 @@ def test_a_threshold_splitting_the_clipped_values_is_accepted(tmp_path, where):
     (MEDIAN + 'intercept = "yes"\n', "queries.qr.intercept: must be true or false, got 'yes'"),
     (MEDIAN + "intercept = 1\n", "queries.qr.intercept: must be true or false, got 1"),
     (MEDIAN.replace('["a"]', '"a"'), "queries.qr.covariates: must be an array, got 'a'"),
-    (MEDIAN + 'sgd = { step0 = "1" }\n', "queries.qr.sgd.step0: must be a number, got '1'"),
-    (MEDIAN + "sgd = { batch_size = 64.0 }\n", "queries.qr.sgd.batch_size: must be an integer, got 64.0"),
-    (MEDIAN + "sgd = { burn_in = true }\n", "queries.qr.sgd.burn_in: must be an integer, got true"),
+    (MEDIAN + 'renewable = { warm_up = "5000" }\n',
+     "queries.qr.renewable.warm_up: must be an integer, got '5000'"),
+    (MEDIAN + "renewable = { batch_size = 64.0 }\n",
+     "queries.qr.renewable.batch_size: must be an integer, got 64.0"),
+    (MEDIAN + "renewable = { warm_up = true }\n",
+     "queries.qr.renewable.warm_up: must be an integer, got true"),
+    (MEDIAN + "renewable = 5000\n", "queries.qr.renewable: must be a table, got 5000"),
     (LOGIT + 'threshold = "1"\n', "queries.lg.threshold: must be a number, got '1'"),
     ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:CheckLoss"\nfields = ["a"]\n'
      'init = ["1"]\n', "queries.c.init[0]: must be a number, got '1'"),
@@ -150,7 +154,7 @@ def test_ints_for_floats_arrays_for_tuples_and_paths_still_load(tmp_path):
     covariates = ["a"]
     label = "b"
     threshold = 1
-    sgd = { step0 = 5, step_power = 0.6 }
+    renewable = { warm_up = 2000, batch_size = 500 }
     [[queries]]
     kind = "quantiles"
     name = "q"
@@ -166,7 +170,8 @@ def test_ints_for_floats_arrays_for_tuples_and_paths_still_load(tmp_path):
     assert cfg.worker.checkpoint_interval_s == 5.0 and isinstance(cfg.worker.checkpoint_interval_s, float)
     assert cfg.serve.refresh_interval_s == 2.0 and cfg.serve.stale_after_s == 60.0
     lg = cfg.query("lg")
-    assert lg.threshold == 1.0 and lg.covariates == ("a",) and lg.sgd.step0 == 5.0
+    assert lg.threshold == 1.0 and lg.covariates == ("a",)
+    assert (lg.renewable.warm_up, lg.renewable.batch_size) == (2000, 500)
     assert cfg.query("q").q == (0.5, 0.9) and cfg.query("c").init == (0.0,)
     assert cfg.schema_path == tmp_path / "s.toml"
     assert tuple(cfg.kafka.bootstrap_servers) == ("127.0.0.1:9", "127.0.0.1:10")
@@ -185,14 +190,9 @@ def test_ints_for_floats_arrays_for_tuples_and_paths_still_load(tmp_path):
      "serve.refresh_interval_s: must be a finite number in (0, 86400], got nan"),
     ("[serve]\nstale_after_s = inf\n",
      "serve.stale_after_s: must be a finite number in (0, 604800], got inf"),
-    (MEDIAN + "sgd = { step0 = nan }\n",
-     "queries.qr.sgd.step0: must be a finite number in (0, 1000], got nan"),
-    (MEDIAN + "sgd = { step0 = inf }\n",
-     "queries.qr.sgd.step0: must be a finite number in (0, 1000], got inf"),
-    (MEDIAN + "sgd = { step_power = nan }\n",
-     "queries.qr.sgd.step_power: must be a finite number in (0.5, 1), got nan"),
-    (MEDIAN + "sgd = { step_power = 1 }\n",
-     "queries.qr.sgd.step_power: must be a finite number in (0.5, 1), got 1.0"),
+    (MEDIAN + "renewable = { warm_up = nan }\n", "queries.qr.renewable.warm_up: must be an integer, got nan"),
+    (MEDIAN + "renewable = { batch_size = inf }\n",
+     "queries.qr.renewable.batch_size: must be an integer, got inf"),
     (LOGIT + "threshold = nan\n", "queries.lg.threshold: must be a finite number, got nan"),
     ('[[queries]]\nkind = "custom"\nname = "c"\nloss = "mechanisms.losses:CheckLoss"\nfields = ["a"]\n'
      "init = [-inf]\n", "queries.c.init: must be finite numbers, got [-inf]"),
@@ -343,7 +343,12 @@ def test_a_mistyped_secret_is_not_echoed():
     ("[worker]\nmetrics_port = -1\n", "worker.metrics_port: must be >= 0, got -1"),
     ("[worker]\ncheckpoint_reports = 0\n", "worker.checkpoint_reports: must be >= 1, got 0"),
     ("[serve]\nport = 70000\n", "serve.port: must be <= 65535, got 70000"),
-    (MEDIAN + "sgd = { burn_in = -1 }\n", "queries.qr.sgd.burn_in: must be >= 0, got -1"),
+    (MEDIAN + "renewable = { warm_up = 99 }\n", "queries.qr.renewable.warm_up: must be >= 100, got 99"),
+    (MEDIAN + "renewable = { warm_up = 1000001 }\n",
+     "queries.qr.renewable.warm_up: must be <= 1000000, got 1000001"),
+    (MEDIAN + "renewable = { batch_size = 9 }\n", "queries.qr.renewable.batch_size: must be >= 10, got 9"),
+    (MEDIAN + "renewable = { batch_size = 1000001 }\n",
+     "queries.qr.renewable.batch_size: must be <= 1000000, got 1000001"),
 ])
 def test_a_value_out_of_its_bound_names_the_bound_and_the_value(tmp_path, body, message):
     """Not pydantic's 'Input should be greater than or equal to 0' without the value."""
