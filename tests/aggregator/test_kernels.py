@@ -137,11 +137,11 @@ def test_jit_compiles_in_process_where_numba_cannot_cache(caplog):
 
 
 def test_warm_all_compiles_every_kernel():
-    from aggregator.state import _sgd_kernel
+    from aggregator.state import _renewable_kernel
     from aggregator.warm import warm_all
     from ingest import _decode_kernel
 
     warm_all()
     for fn in (_decode_kernel.scan, _decode_kernel.fill, _kernels._sl_rows, _kernels.histogram3,
-               _sgd_kernel.run_steps):
+               _renewable_kernel.renew_blocks):
         assert fn.signatures, fn
