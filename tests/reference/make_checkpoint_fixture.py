@@ -9,8 +9,11 @@ one state per query of ``checkpoint_v1/pipeline.toml`` and writes
 * ``estimates.json``: every query's estimate payload as ``serve`` returns it.
 
 The committed files were written by the code before the worker and state modules were
-restructured; ``tests/aggregator/test_checkpoint_fixture.py`` checks that today's code restores
-them and folds the same records into byte-identical states.
+restructured (checkpoint format version 1, averaged-SGD regression states); today's config
+refuses the ``sgd`` tables of their ``pipeline.toml``, so ``main`` no longer runs on it.
+``tests/aggregator/test_checkpoint_fixture.py`` uses :func:`fold` to check that today's code folds
+the same records into byte-identical states for the non-regression queries, and that it refuses
+the version-1 checkpoint.
 """
 
 from __future__ import annotations
