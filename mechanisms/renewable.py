@@ -30,7 +30,8 @@ Positive definiteness: when ``H + Ĥ_b`` is not positive definite (a DR Hessian 
 can be indefinite) the step uses ``H`` alone; when ``H + Ĥ_b(θ̂)`` is not, that block's Hessian is
 not added; a block whose Newton step is not finite is skipped (its reports counted in ``n``).
 All are counted in :attr:`RenewableFit.guarded`. A warm-up Hessian that is not
-positive definite has its eigenvalues floored at ``1e-9·max|λ|`` (counted too).
+positive definite has its eigenvalues floored at ``1e-9·max λ`` (counted too); one that is not
+finite or has no positive eigenvalue gives no fit (:meth:`Renewable.warm_start` returns None).
 """
 
 from __future__ import annotations
@@ -182,10 +183,16 @@ def pool(fits) -> RenewableFit:
                         sum(f.guarded for f in fits))
 
 
-def _floor_eigenvalues(H: np.ndarray) -> np.ndarray:
+def _floor_eigenvalues(H: np.ndarray) -> np.ndarray | None:
+    """``H`` with its eigenvalues floored at ``_EIG_FLOOR·max|λ|``; None when H is not finite or
+    has no clearly positive eigenvalue (nothing to floor against)."""
+    if not np.all(np.isfinite(H)):
+        return None
     w, v = np.linalg.eigh(0.5 * (H + H.T))
-    top = float(np.max(np.abs(w))) if w.size else 1.0
-    w = np.maximum(w, _EIG_FLOOR * max(top, np.finfo(float).tiny))
+    top = float(np.max(w)) if w.size else 0.0
+    if not top > 1e-12 * max(1.0, float(np.max(np.abs(w)))):
+        return None
+    w = np.maximum(w, _EIG_FLOOR * top)
     return (v * w) @ v.T
 
 
@@ -269,7 +276,7 @@ class Renewable:
         return 0.5 * (out + out.T)
 
     # ------------------------------------------------------------------ fits
-    def warm_start(self, x1, x2) -> tuple[RenewableFit, bool]:
+    def warm_start(self, x1, x2) -> tuple[RenewableFit | None, bool]:
         """The warm-up fit of a first block (:func:`mechanisms.estimation.m_estimate`).
 
         Parameters
@@ -279,8 +286,10 @@ class Renewable:
 
         Returns
         -------
-        (RenewableFit, converged)
-            ``converged`` is the batch fit's convergence check.
+        (RenewableFit or None, converged)
+            None when the block determines no fit: the batch fit is not finite (a DR objective
+            of few reports can be unbounded below) or its corrected Hessian has no positive
+            eigenvalue. ``converged`` is the batch fit's convergence check.
 
         Raises
         ------
@@ -291,23 +300,34 @@ class Renewable:
 
         c = self.closs
         scale = None if c.noise_var is None else np.sqrt(np.maximum(c.noise_var, np.finfo(float).tiny))
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", ConvergenceWarning)
-            est = m_estimate(self.loss, x1, x2 if c.needs_x2 else None, zero_prob=c.zero_prob, scale=scale,
-                             method=c.method, theta0=self.theta0)
-        theta = np.array(est.theta, dtype=np.float64)
-        m = x1.shape[0]
-        spread = 1.0
-        if self.kinked:
-            spread = float(self.loss.residual_spread(x2 if c.method == "sl" else x1, theta))
-            if not (math.isfinite(spread) and spread > 0):
-                spread = 1.0
-        H = self.hessian(x1, x2, theta, m, spread)
-        guarded = 0
-        if not is_positive_definite(H):
-            H, guarded = _floor_eigenvalues(H), 1
-        g = c.grad(x1, x2, theta)
-        return RenewableFit(theta, H, g.T @ g, m, spread, guarded), bool(est.converged)
+            warnings.simplefilter("ignore", RuntimeWarning)  # overflow of a diverging fit: refused below
+            try:
+                est = m_estimate(self.loss, x1, x2 if c.needs_x2 else None, zero_prob=c.zero_prob,
+                                 scale=scale, method=c.method, theta0=self.theta0)
+            except (np.linalg.LinAlgError, FloatingPointError, OverflowError):
+                return None, False
+            theta = np.array(est.theta, dtype=np.float64)
+            if not np.all(np.isfinite(theta)):
+                return None, False
+            m = x1.shape[0]
+            spread = 1.0
+            if self.kinked:
+                spread = float(self.loss.residual_spread(x2 if c.method == "sl" else x1, theta))
+                if not (math.isfinite(spread) and spread > 0):
+                    spread = 1.0
+            H = self.hessian(x1, x2, theta, m, spread)
+            guarded = 0
+            if not is_positive_definite(H):
+                H, guarded = _floor_eigenvalues(H), 1
+                if H is None:
+                    return None, False
+            g = c.grad(x1, x2, theta)
+            A = g.T @ g
+        if not np.all(np.isfinite(A)):
+            return None, False
+        return RenewableFit(theta, H, A, m, spread, guarded), bool(est.converged)
 
     def renew(self, fit: RenewableFit, x1, x2) -> RenewableFit:
         """One renewal with a block of reports (module docstring).
@@ -321,6 +341,10 @@ class Renewable:
         -------
         RenewableFit
         """
+        with np.errstate(all="ignore"):  # a run-away step is refused below, not warned about
+            return self._renew(fit, x1, x2)
+
+    def _renew(self, fit: RenewableFit, x1, x2) -> RenewableFit:
         c, H, th0 = self.closs, fit.H, fit.theta
         n_new = fit.n + x1.shape[0]
         max_steps = 1 if self.kinked else MAX_NEWTON
@@ -336,7 +360,10 @@ class Renewable:
             M = H + hb
             if not is_positive_definite(M):
                 M, guarded = H, guarded + 1
-            step = np.linalg.solve(M, grad)
+            try:
+                step = np.linalg.solve(M, grad)
+            except np.linalg.LinAlgError:
+                step = np.full(self.q, np.nan)
             if not np.all(np.isfinite(step)):  # a block the fit cannot take: skip it (counted)
                 return replace(fit, n=n_new, guarded=guarded + 1)
             if not self.kinked and float(step @ M @ step) <= NEWTON_TOL:

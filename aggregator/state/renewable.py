@@ -37,12 +37,14 @@ from aggregator.errors import ConfigError, StateError
 from aggregator.state._fields import numeric_columns, zil_of
 from aggregator.state.base import EmptyStateError, Estimate, State, normal_critical
 
-__all__ = ["MIN_REPORTS_PER_PARAM", "RenewableState"]
+__all__ = ["MAX_WARM_UP_FACTOR", "MIN_REPORTS_PER_PARAM", "RenewableState"]
 
 log = logging.getLogger(__name__)
 
 #: An estimate needs at least this many reports per parameter.
 MIN_REPORTS_PER_PARAM = 10
+#: A warm-up whose fits keep failing buffers at most this many times ``warm_up`` reports.
+MAX_WARM_UP_FACTOR = 4
 
 
 class RenewableState(State):
@@ -121,6 +123,10 @@ class RenewableState(State):
             raise ConfigError(f"queries.{self.name}.estimator: {exc}") from None
         self.fit = None
         self.guarded = 0
+        #: Buffered reports the next warm-up fit needs (``warm_up``, doubled after a failed fit).
+        self.warm_target = int(self.opts.warm_up)
+        #: Reports dropped after warm-up fits that kept failing (docs/mechanisms.md §6.6).
+        self.dropped = 0
         self.buf1 = np.zeros((0, self.cols.size))
         self.buf2 = self.buf1
         self._kernel = self._kernel_spec()
@@ -216,9 +222,10 @@ class RenewableState(State):
         x2 = self._require_x2(x2) if self._two else None
         if self.fit is None:
             self._buffer(self._std(x1), self._std(x2) if self._two else None)
-            if self.buf1.shape[0] < self.opts.warm_up:
+            while self.fit is None and self.buf1.shape[0] >= self.warm_target:
+                self._warm_up()
+            if self.fit is None:
                 return
-            self._warm_up()
             x1 = x2 = None  # the rest of the buffer, if any, is renewed below
         if self._kernel is not None:
             self._renew_kernel(x1, x2)
@@ -235,13 +242,33 @@ class RenewableState(State):
             self.buf2 = self.buf1
 
     def _warm_up(self) -> None:
-        """Fit the first ``warm_up`` buffered reports in batch; the rest stays buffered."""
-        m0 = self.opts.warm_up
+        """Fit the buffered reports (at least ``warm_up``) in batch; the rest of the buffer after
+        ``warm_target`` reports stays buffered. A block that determines no fit (a diverging DR
+        fit) extends the warm-up: the reports stay and the fit is tried again on twice as many,
+        up to ``MAX_WARM_UP_FACTOR · warm_up``; past that the oldest reports are dropped (counted
+        in ``dropped``, logged) so that the buffer stays bounded."""
+        m0 = self.warm_target
         w1, w2 = self.buf1[:m0], self.buf2[:m0]
-        self.fit, converged = self.engine.warm_start(w1, w2 if self._two else None)
+        fit, converged = self.engine.warm_start(w1, w2 if self._two else None)
+        if fit is None:
+            cap = MAX_WARM_UP_FACTOR * self.opts.warm_up
+            if m0 < cap:
+                self.warm_target = min(2 * m0, cap)
+                log.warning("query %r: the warm-up fit of %d reports is not finite; trying again with "
+                            "%d", self.name, m0, self.warm_target)
+            else:
+                drop = self.opts.warm_up
+                self.dropped += drop
+                self.buf1 = self.buf1[drop:].copy()
+                self.buf2 = self.buf2[drop:].copy() if self._two else self.buf1
+                log.error("query %r: no finite warm-up fit from %d reports; the oldest %d are dropped "
+                          "(%d in all) and the fit is tried again with the next ones", self.name, m0, drop,
+                          self.dropped)
+            return
         if not converged:
             log.warning("query %r: the warm-up fit of %d reports did not meet its convergence check; "
                         "the renewal goes on from it", self.name, m0)
+        self.fit = fit
         self._note_guard(0)
         self.buf1 = self.buf1[m0:].copy()
         self.buf2 = self.buf2[m0:].copy() if self._two else self.buf1
@@ -305,6 +332,8 @@ class RenewableState(State):
 
         fits = [f for f in (self.fit, other.fit) if f is not None]
         self.fit = pool(fits) if fits else None
+        self.dropped += other.dropped
+        self.warm_target = max(self.warm_target, other.warm_target)
         self.guarded = self.fit.guarded if self.fit is not None else 0
         if other.buf1.shape[0]:
             self.buf1 = np.vstack([self.buf1, other.buf1])
@@ -342,6 +371,10 @@ class RenewableState(State):
                 except (np.linalg.LinAlgError, ValueError) as exc:
                     raise EmptyStateError(f"query {self.name!r}: no fit from {self._n} reports yet "
                                           f"({exc}); more reports are needed") from None
+        if fit is None:
+            raise EmptyStateError(f"query {self.name!r}: the batch fit of the {r} buffered reports is not "
+                                  "finite yet (a DR objective of few reports can be unbounded); more "
+                                  "reports are needed")
         return fit
 
     def estimate(self) -> Estimate:
@@ -386,6 +419,7 @@ class RenewableState(State):
             "A": f.A if f else np.zeros((p, p)), "n_fit": f.n if f else 0,
             "spread": f.spread if f else 1.0, "guarded": f.guarded if f else 0,
             "buf1": self.buf1, "buf2": self.buf2 if self._two else np.zeros((0, self.cols.size)),
+            "warm_target": self.warm_target, "dropped": self.dropped,
         }
 
     def _set_data(self, data: dict) -> None:
@@ -406,6 +440,7 @@ class RenewableState(State):
             self.fit = RenewableFit(arrs["theta"], arrs["H"], arrs["A"], int(data["n_fit"]),
                                     float(data["spread"]), int(data["guarded"]))
         self.guarded = self.fit.guarded if self.fit is not None else 0
+        self.warm_target, self.dropped = int(data["warm_target"]), int(data["dropped"])
         self.buf1 = arrs["buf1"]
         self.buf2 = arrs["buf2"] if self._two else self.buf1
 
@@ -414,7 +449,7 @@ class RenewableState(State):
             return (f"RenewableState(query={self.name!r}, kind={self.query.kind}, "
                     f"estimator={self.query.estimator}, n={self._n}, "
                     f"fitted={0 if self.fit is None else self.fit.n}, buffered={self.buf1.shape[0]}, "
-                    f"guarded={self.guarded}, compiled={self._kernel is not None})")
+                    f"guarded={self.guarded}, dropped={self.dropped}, compiled={self._kernel is not None})")
         except Exception:
             return "<RenewableState (unprintable)>"
 
