@@ -1,7 +1,7 @@
 """The demo's regressions on the 2013 flights: the worker's online estimates against ``analyze``.
 
-Run ``python -m benchmarks.flights_online [--limit N] [--partitions 4] [--seed S]``; prints a
-table and writes ``benchmarks/results/flights_online[_<N>].json``.
+Run ``python -m benchmarks.flights_online [--limit N] [--partitions 4,1] [--seeds S1,S2,…]``;
+prints a table per (seed, partitions) and writes ``benchmarks/results/flights_online[_<N>].json``.
 
 Every flight is privatized with ``examples/flights.schema.toml`` (seeded), encoded in records of
 1000 reports, and the records are dealt round-robin to the partitions. Each partition's records go
@@ -13,7 +13,9 @@ states are merged as serve merges checkpoints. The batch reference is
 (exactly-once is tested elsewhere), so it is left out.
 
 Reported per regression coefficient (``late_arrival_logit``, ``arr_on_dep_median``): online value
-± stderr, batch value ± stderr, online SE / batch SE, and |online − batch| / batch SE.
+± stderr, batch value ± stderr, online SE / batch SE, and |online − batch| / batch SE; with
+``--truth``, also each one's error against the fit of the raw (unprivatized) flights
+(``aggregator.demo.truth``) in units of its own SE.
 """
 
 from __future__ import annotations
@@ -123,17 +125,49 @@ def run(limit: int | None, partitions: int, seed: int) -> dict:
     return out
 
 
+def raw_truth(limit: int | None) -> dict:
+    """The demo's raw-data fits of the regressions (``aggregator.demo.truth``)."""
+    from aggregator.config import PipelineConfig
+    from aggregator.demo.run import _prepare, data_dir
+    from aggregator.demo.truth import compute_truth
+    from aggregator.plan import PipelineRuntime
+
+    config = PipelineConfig.load(data_dir() / "flights.pipeline.toml")
+    runtime = PipelineRuntime.from_config(config)
+    truth = compute_truth(config, runtime.schema, _prepare(runtime.schema, limit).raw)
+    return {q: truth[q] for q in QUERIES}
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="first N flights (default: all)")
-    ap.add_argument("--partitions", type=int, default=4, help="partitions (default 4)")
-    ap.add_argument("--seed", type=int, default=20261201, help="privatization seed")
+    ap.add_argument("--partitions", type=_ints, default=[4], help="partition counts, e.g. 4,1 (default 4)")
+    ap.add_argument("--seeds", type=_ints, default=[20261201], help="privatization seeds (default 20261201)")
+    ap.add_argument("--truth", action="store_true", help="also fit the raw flights (the demo's truth)")
     args = ap.parse_args(argv)
-    if args.partitions < 1 or (args.limit is not None and args.limit < 1):
-        print("error: --partitions and --limit must be >= 1", file=sys.stderr)
+    if args.limit is not None and args.limit < 1:
+        print("error: --limit must be >= 1", file=sys.stderr)
         return 2
-    out = run(args.limit, args.partitions, args.seed)
-    out["command"] = "python -m benchmarks.flights_online" + (f" --limit {args.limit}" if args.limit else "")
+    from benchmarks._common import machine_info
+
+    runs = [run(args.limit, k, seed) for seed in args.seeds for k in args.partitions]
+    command = ("python -m benchmarks.flights_online" + (f" --limit {args.limit}" if args.limit else "")
+               + f" --partitions {','.join(map(str, args.partitions))}"
+               + f" --seeds {','.join(map(str, args.seeds))}" + (" --truth" if args.truth else ""))
+    out = {"command": command, "machine": machine_info(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs}
+    if args.truth:
+        out["truth"] = raw_truth(args.limit)
     path = write_json("flights_online" + (f"_{args.limit}" if args.limit else ""), out)
     print(f"wrote {path}")
     return 0
