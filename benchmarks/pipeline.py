@@ -573,7 +573,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run, ~2 min)")
-    ap.add_argument("--sections", default="produce,consume,consume_no_regressions,e2e,scale,memory,breakdown,latency")
+    ap.add_argument("--sections",
+                    default="produce,consume,consume_no_regressions,e2e,scale,memory,breakdown,latency")
     ap.add_argument("--max-reports-memory", type=int, default=10_000_000)
     ap.add_argument("--profile-m", type=int, default=1000, help="cProfile the worker at this record size")
     ap.add_argument(
