@@ -24,13 +24,15 @@ def test_simulate_matches_the_stated_truth():
     rng = np.random.default_rng(7)
     n = 200_000
     x = efficiency.simulate(n, rng)
-    assert x.shape == (n, 5)
-    v = x[:, efficiency.V]
-    se = v.std() / np.sqrt(n)
-    assert abs(v.mean() - efficiency.TRUTH["mean"][0]) < 4 * se
+    assert x.shape == (n, 4)
+    # logistic: the label frequency is the mean of σ(β₀ + c·β) over c ~ U(−1, 1)² (MC, 4 SE)
+    c = rng.uniform(-1.0, 1.0, (n, 2))
+    p = 1.0 / (1.0 + np.exp(-(efficiency.BETA_LOGIT[0] + c @ efficiency.BETA_LOGIT[1:])))
+    lab = x[:, efficiency.LAB]
+    assert abs(lab.mean() - p.mean()) < 4 * np.sqrt(2 * 0.25 / n)
     # median regression: the residual y − zᵀβ has median 0 (binomial SE of the sign fraction)
     z = np.column_stack([np.ones(n), x[:, [efficiency.C1, efficiency.C2]]])
-    frac = np.mean(x[:, efficiency.Y] - z @ efficiency.BETA_MEDREG > 0)
+    frac = np.mean(x[:, efficiency.Y] - z @ efficiency.BETA_LINEAR > 0)
     assert abs(frac - 0.5) < 4 * 0.5 / np.sqrt(n)
 
 
@@ -38,16 +40,20 @@ def test_one_rep_online_and_batch_estimate_every_query():
     from ingest.schema import TelemetrySchema
 
     schema = TelemetrySchema.from_dict(efficiency.SCHEMA)
-    out = efficiency.one_rep(schema, 20_000, seed=3)
-    for est in ("online", "batch"):
+    out = efficiency.one_rep(schema, schema.zil_mechanism(), efficiency.batch_problems(), 20_000, seed=3,
+                             qs=efficiency.queries(warm_up=5000))
+    fits = [out["batch"]] + [out["online"][p] for p in efficiency.PARTITIONS]
+    for fit in fits:
         for k, truth in efficiency.TRUTH.items():
-            value, se, lo, hi = out[est][k]
-            assert value.shape == truth.shape
-            assert np.all(np.isfinite(value)) and np.all(se > 0) and np.all(lo < hi)
-    # mean: online MomentsState (SDR) and batch SquaredLoss SDR are the same statistic
-    np.testing.assert_allclose(out["online"]["mean"][0], out["batch"]["mean"][0], rtol=1e-9)
-    value, se = out["batch"]["mean"][:2]
-    assert abs(value[0] - efficiency.TRUTH["mean"][0]) < 5 * se[0]
+            f = fit[k]
+            assert f["value"].shape == truth.shape
+            assert np.all(np.isfinite(f["value"])) and np.all(f["se"] > 0) and np.all(f["lo"] < f["hi"])
+            # 20000 reports: every estimate is within 5 of its SEs of the simulated truth
+            assert np.all(np.abs(f["value"] - truth) < 5 * f["se"]), (k, f["value"], f["se"])
+    # the online fit (warm-up of 5000, then renewal) agrees with the batch fit of the same reports
+    for k in efficiency.TRUTH:
+        on, b = out["online"][1][k], out["batch"][k]
+        assert np.all(np.abs(on["value"] - b["value"]) < 1.5 * b["se"]), k
 
 
 @pytest.mark.parametrize("bad", ["nope"])
