@@ -122,7 +122,6 @@ class RenewableState(State):
         except ParameterError as exc:
             raise ConfigError(f"queries.{self.name}.estimator: {exc}") from None
         self.fit = None
-        self.guarded = 0
         #: Buffered reports the next warm-up fit needs (``warm_up``, doubled after a failed fit).
         self.warm_target = int(self.opts.warm_up)
         #: Reports dropped after warm-up fits that kept failing (docs/mechanisms.md §6.6).
@@ -259,8 +258,7 @@ class RenewableState(State):
             else:
                 drop = self.opts.warm_up
                 self.dropped += drop
-                self.buf1 = self.buf1[drop:].copy()
-                self.buf2 = self.buf2[drop:].copy() if self._two else self.buf1
+                self._drop_buffered(drop)
                 log.error("query %r: no finite warm-up fit from %d reports; the oldest %d are dropped "
                           "(%d in all) and the fit is tried again with the next ones", self.name, m0, drop,
                           self.dropped)
@@ -270,14 +268,22 @@ class RenewableState(State):
                         "the renewal goes on from it", self.name, m0)
         self.fit = fit
         self._note_guard(0)
-        self.buf1 = self.buf1[m0:].copy()
-        self.buf2 = self.buf2[m0:].copy() if self._two else self.buf1
+        self._drop_buffered(m0)
+
+    @property
+    def guarded(self) -> int:
+        """How often the positive-definiteness guard of H acted (the fit's count; 0 without a fit)."""
+        return 0 if self.fit is None else self.fit.guarded
 
     def _note_guard(self, before: int) -> None:
-        g = self.fit.guarded
-        if g > before:
-            log.info("query %r: the positive-definiteness guard of H acted (%d times in all)", self.name, g)
-        self.guarded = g
+        if self.guarded > before:
+            log.info("query %r: the positive-definiteness guard of H acted (%d times in all)", self.name,
+                     self.guarded)
+
+    def _drop_buffered(self, k: int) -> None:
+        """Remove the first ``k`` buffered reports (fitted, or dropped by the warm-up)."""
+        self.buf1 = self.buf1[k:].copy()
+        self.buf2 = self.buf2[k:].copy() if self._two else self.buf1
 
     def _renew_python(self) -> None:
         B = self.opts.batch_size
@@ -288,8 +294,7 @@ class RenewableState(State):
             fit = self.engine.renew(fit, self.buf1[s:s + B], self.buf2[s:s + B] if self._two else None)
         self.fit = fit
         self._note_guard(before)
-        self.buf1 = self.buf1[full:].copy()
-        self.buf2 = self.buf2[full:].copy() if self._two else self.buf1
+        self._drop_buffered(full)
 
     def _renew_kernel(self, x1: np.ndarray | None, x2: np.ndarray | None) -> None:
         """Renew with the compiled loop: the buffered rows, then ``x1``/``x2`` (n, d) in original
@@ -334,7 +339,6 @@ class RenewableState(State):
         self.fit = pool(fits) if fits else None
         self.dropped += other.dropped
         self.warm_target = max(self.warm_target, other.warm_target)
-        self.guarded = self.fit.guarded if self.fit is not None else 0
         if other.buf1.shape[0]:
             self.buf1 = np.vstack([self.buf1, other.buf1])
             self.buf2 = np.vstack([self.buf2, other.buf2]) if self._two else self.buf1
@@ -439,7 +443,6 @@ class RenewableState(State):
         if data["fitted"]:
             self.fit = RenewableFit(arrs["theta"], arrs["H"], arrs["A"], int(data["n_fit"]),
                                     float(data["spread"]), int(data["guarded"]))
-        self.guarded = self.fit.guarded if self.fit is not None else 0
         self.warm_target, self.dropped = int(data["warm_target"]), int(data["dropped"])
         self.buf1 = arrs["buf1"]
         self.buf2 = arrs["buf2"] if self._two else self.buf1
