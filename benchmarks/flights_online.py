@@ -24,8 +24,6 @@ import argparse
 import sys
 import time
 
-import numpy as np
-
 from benchmarks._common import table, write_json
 
 QUERIES = ("late_arrival_logit", "arr_on_dep_median")
@@ -33,26 +31,17 @@ RECORD = 1000
 POLL = 500
 
 
-def records_of_flights(schema, limit: int | None, seed: int) -> list[bytes]:
-    """Privatized flights as encoded records of :data:`RECORD` reports."""
-    from aggregator.demo.flights import NYCFlightsSource
+def records_of_flights(schema, limit: int | None, seed: int) -> tuple[list[bytes], dict]:
+    """The demo's privatized flights (``aggregator.demo.run._prepare``, seeded) as encoded records
+    of :data:`RECORD` reports, and the raw values of the flights kept."""
+    from aggregator.demo.run import _prepare
     from ingest.batch import slice_batch
     from ingest.codec import encode
-    from ingest.privatizer import Privatizer
 
-    priv = Privatizer(schema, rng=seed)
-    names = (*schema.numeric_names, *schema.categorical_names)
-    out, n_in = [], 0
-    for cols in NYCFlightsSource("flights").iter_batches(20_000):
-        if limit is not None and n_in >= limit:
-            break
-        take = 20_000 if limit is None else min(20_000, limit - n_in)
-        cols = {n: np.asarray(cols[n])[:take] for n in names}
-        batch = priv.privatize_batch(cols, on_invalid="skip")
-        n_in += take
-        for s in range(0, batch.n, RECORD):
-            out.append(encode(slice_batch(batch, s, min(s + RECORD, batch.n))))
-    return out
+    prepared = _prepare(schema, limit, rng=seed)
+    records = [encode(slice_batch(b, s, min(s + RECORD, b.n)))
+               for b in prepared.batches for s in range(0, b.n, RECORD)]
+    return records, prepared.raw
 
 
 def fold_partition(runtime, records: list[bytes]) -> dict:
@@ -67,17 +56,10 @@ def fold_partition(runtime, records: list[bytes]) -> dict:
     return states
 
 
-def run(limit: int | None, partitions: int, seed: int) -> dict:
+def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit: int | None) -> dict:
+    """Fold ``records`` over ``partitions`` partitions and compare with ``analyze`` (module docstring)."""
     from aggregator.analyze import analyze_query, replay_records
-    from aggregator.config import PipelineConfig
-    from aggregator.demo.run import data_dir
-    from aggregator.plan import PipelineRuntime
 
-    config = PipelineConfig.load(data_dir() / "flights.pipeline.toml")
-    runtime = PipelineRuntime.from_config(config)
-    t0 = time.perf_counter()
-    records = records_of_flights(runtime.schema, limit, seed)
-    t_priv = time.perf_counter() - t0
     parts = [records[k::partitions] for k in range(partitions)]
     cpu = {}
     t0 = time.process_time()
@@ -93,7 +75,7 @@ def run(limit: int | None, partitions: int, seed: int) -> dict:
     rep = replay_records(runtime, [r for p in parts for r in p])
     cpu["replay_s"] = time.process_time() - t0
     rows, out = [], {"limit": limit, "partitions": partitions, "seed": seed, "reports": rep.n,
-                     "records": len(records), "privatize_wall_s": t_priv, "queries": {}}
+                     "records": len(records), "queries": {}}
     for name in QUERIES:
         q = next(x for x in config.queries if x.name == name)
         t0 = time.process_time()
@@ -125,16 +107,11 @@ def run(limit: int | None, partitions: int, seed: int) -> dict:
     return out
 
 
-def raw_truth(limit: int | None) -> dict:
-    """The demo's raw-data fits of the regressions (``aggregator.demo.truth``)."""
-    from aggregator.config import PipelineConfig
-    from aggregator.demo.run import _prepare, data_dir
+def raw_truth(config, runtime, raw: dict) -> dict:
+    """The demo's raw-data fits of the regressions (``aggregator.demo.truth``) on ``raw``."""
     from aggregator.demo.truth import compute_truth
-    from aggregator.plan import PipelineRuntime
 
-    config = PipelineConfig.load(data_dir() / "flights.pipeline.toml")
-    runtime = PipelineRuntime.from_config(config)
-    truth = compute_truth(config, runtime.schema, _prepare(runtime.schema, limit).raw)
+    truth = compute_truth(config, runtime.schema, raw)
     return {q: truth[q] for q in QUERIES}
 
 
@@ -158,16 +135,28 @@ def main(argv=None) -> int:
     if args.limit is not None and args.limit < 1:
         print("error: --limit must be >= 1", file=sys.stderr)
         return 2
+    from aggregator.config import PipelineConfig
+    from aggregator.demo.run import data_dir
+    from aggregator.plan import PipelineRuntime
     from benchmarks._common import machine_info
 
-    runs = [run(args.limit, k, seed) for seed in args.seeds for k in args.partitions]
+    config = PipelineConfig.load(data_dir() / "flights.pipeline.toml")
+    runtime = PipelineRuntime.from_config(config)
+    runs, raw = [], None
+    for seed in args.seeds:  # the raw flights kept do not depend on the noise seed
+        t0 = time.perf_counter()
+        records, raw = records_of_flights(runtime.schema, args.limit, seed)
+        t_priv = time.perf_counter() - t0
+        for k in args.partitions:
+            runs.append(run(config, runtime, records, k, seed, args.limit))
+            runs[-1]["privatize_wall_s"] = t_priv
     command = ("python -m benchmarks.flights_online" + (f" --limit {args.limit}" if args.limit else "")
                + f" --partitions {','.join(map(str, args.partitions))}"
                + f" --seeds {','.join(map(str, args.seeds))}" + (" --truth" if args.truth else ""))
     out = {"command": command, "machine": machine_info(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs}
     if args.truth:
-        out["truth"] = raw_truth(args.limit)
+        out["truth"] = raw_truth(config, runtime, raw)
     path = write_json("flights_online" + (f"_{args.limit}" if args.limit else ""), out)
     print(f"wrote {path}")
     return 0

@@ -181,12 +181,15 @@ class _Prepared:
     privatize_s: float
 
 
-def _prepare(schema, limit: int | None, chunk: int = 20_000) -> _Prepared:
-    """Read the flights, privatize them in chunks, keep the raw values of the rows sent."""
+def _prepare(schema, limit: int | None, chunk: int = 20_000, rng=None) -> _Prepared:
+    """Read the flights, privatize them in chunks, keep the raw values of the rows sent.
+
+    ``limit`` counts the flights kept (privatized); ``rng`` seeds the noise (None: OS entropy, as
+    on a real client; benchmarks pass an int)."""
     from aggregator.demo.flights import NYCFlightsSource
     from ingest.privatizer import Privatizer
 
-    priv = Privatizer(schema)  # OS-entropy noise, as on a real client
+    priv = Privatizer(schema, rng=rng)
     names = (*schema.numeric_names, *schema.categorical_names)
     batches, raws = [], {n: [] for n in names}
     n_in = 0
