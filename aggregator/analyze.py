@@ -231,31 +231,21 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
     if kind == "mean":
         return analyze_loss(rep, runtime, losses.SquaredLoss(1, noised=(0,)), [query.field],
                             method=query.estimator, name=name, params=["mean"], level=level)
-    if kind == "linear_regression":
-        cols = [*query.covariates, query.response]
-        loss = losses.LinearRegressionLoss(intercept=query.intercept, noised=tuple(range(len(cols))))
-        params = (["intercept"] if query.intercept else []) + list(query.covariates)
-        return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
-                            level=level)
-    if kind == "quantile_regression":
-        cols = [*query.covariates, query.response]
-        loss = losses.QuantileRegressionLoss(tau=query.tau, intercept=query.intercept,
-                                             noised=tuple(range(len(cols))))
-        params = (["intercept"] if query.intercept else []) + list(query.covariates)
-        return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
-                            level=level)
-    if kind == "logistic_regression":
-        cols = [*query.covariates, query.label]
+    if kind in ("linear_regression", "quantile_regression", "logistic_regression"):
+        cols = [*query.covariates, query.label if kind == "logistic_regression" else query.response]
         k = len(query.covariates)
-        if query.threshold is not None:
+        common = dict(intercept=query.intercept, noised=tuple(range(k + 1)))
+        if kind == "linear_regression":
+            loss = losses.LinearRegressionLoss(**common)
+        elif kind == "quantile_regression":
+            loss = losses.QuantileRegressionLoss(tau=query.tau, **common)
+        elif query.threshold is not None:
             # y = 1{label > threshold} is a function of a noised field: the exact DR fit
             t = float(query.threshold)
-            loss = losses.LogisticLoss(intercept=query.intercept, noised=tuple(range(k + 1)),
-                                       covariates=tuple(range(k)),
-                                       label=lambda x: (x[:, k] > t).astype(float))
+            loss = losses.LogisticLoss(covariates=tuple(range(k)),
+                                       label=lambda x: (x[:, k] > t).astype(float), **common)
         else:  # the noised 0/1 label field enters the loss linearly
-            loss = losses.NoisedLabelLogisticLoss(intercept=query.intercept, noised=tuple(range(k + 1)),
-                                                  covariates=tuple(range(k)))
+            loss = losses.NoisedLabelLogisticLoss(covariates=tuple(range(k)), **common)
         params = (["intercept"] if query.intercept else []) + list(query.covariates)
         return analyze_loss(rep, runtime, loss, cols, method=query.estimator, name=name, params=params,
                             level=level)
