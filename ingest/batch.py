@@ -28,6 +28,10 @@ class ReportBatch:
         One entry per categorical field, in schema order: uRR/RR fields hold an int32 array of
         shape (n,) with output codes; uRAP/RAPPOR fields hold a :class:`SparseBits` with ``n``
         reports. PUM fields use the extended domain (categories followed by the bot symbols).
+    event_time : ndarray of int64, shape (n,), or None
+        Event time of each report in Unix seconds (UTC), rounded down to the schema's
+        resolution by the client (docs/windows.md §1); ``None`` when the schema has no time
+        column (the worker then takes the Kafka record timestamps).
 
     Raises
     ------
@@ -38,6 +42,7 @@ class ReportBatch:
     fingerprint: bytes
     numeric: np.ndarray
     categorical: Mapping[str, CategoricalColumn] = field(default_factory=dict)
+    event_time: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         num = np.asarray(self.numeric, dtype=np.float64)
@@ -49,6 +54,11 @@ class ReportBatch:
             m = col.n if isinstance(col, SparseBits) else np.shape(col)[0]
             if m != n:
                 raise SchemaError(f"categorical field {name!r} has {m} reports, numeric block has {n}")
+        if self.event_time is not None:
+            t = np.asarray(self.event_time, dtype=np.int64)
+            if t.shape != (n,):
+                raise SchemaError(f"event_time must have shape ({n},), got {t.shape}")
+            object.__setattr__(self, "event_time", t)
 
     @property
     def n(self) -> int:
@@ -65,6 +75,9 @@ class ReportBatch:
             return False
         if not np.array_equal(self.numeric, other.numeric):
             return False
+        if (self.event_time is None) != (other.event_time is None) or (
+                self.event_time is not None and not np.array_equal(self.event_time, other.event_time)):
+            return False
         for name, col in self.categorical.items():
             o = other.categorical[name]
             if isinstance(col, SparseBits) != isinstance(o, SparseBits):
@@ -78,7 +91,8 @@ class ReportBatch:
     def __repr__(self) -> str:
         return (
             f"ReportBatch(n={self.n}, d={self.numeric.shape[1]}, "
-            f"categorical={list(self.categorical)}, fingerprint={self.fingerprint.hex()[:12]})"
+            f"categorical={list(self.categorical)}, event_time={self.event_time is not None}, "
+            f"fingerprint={self.fingerprint.hex()[:12]})"
         )
 
 
@@ -105,7 +119,13 @@ def slice_batch(batch: ReportBatch, start: int, stop: int) -> ReportBatch:
             cats[name] = _slice_bits(col, start, stop)
         else:
             cats[name] = np.asarray(col)[start:stop]
-    return ReportBatch(batch.fingerprint, batch.numeric[start:stop], cats)
+    t = None if batch.event_time is None else batch.event_time[start:stop]
+    return ReportBatch(batch.fingerprint, batch.numeric[start:stop], cats, t)
+
+
+def with_event_time(batch: ReportBatch, event_time: np.ndarray) -> ReportBatch:
+    """``batch`` with its event times set to ``event_time`` (int64 Unix seconds, shape (n,))."""
+    return ReportBatch(batch.fingerprint, batch.numeric, batch.categorical, event_time)
 
 
 def _slice_bits(col: SparseBits, start: int, stop: int) -> SparseBits:
@@ -147,7 +167,8 @@ def concat_batches(batches: list[ReportBatch]) -> ReportBatch:
     first = batches[0]
     for b in batches[1:]:
         if (b.fingerprint != first.fingerprint or b.numeric.shape[1] != first.numeric.shape[1]
-                or list(b.categorical) != list(first.categorical)):
+                or list(b.categorical) != list(first.categorical)
+                or (b.event_time is None) != (first.event_time is None)):
             raise SchemaError("cannot concatenate batches of different schemas")
     numeric = np.concatenate([b.numeric for b in batches], axis=0)
     cats: dict[str, CategoricalColumn] = {}
@@ -156,4 +177,5 @@ def concat_batches(batches: list[ReportBatch]) -> ReportBatch:
             cats[name] = SparseBits.concat([b.categorical[name] for b in batches])
         else:
             cats[name] = np.concatenate([np.asarray(b.categorical[name]) for b in batches])
-    return ReportBatch(first.fingerprint, numeric, cats)
+    t = None if first.event_time is None else np.concatenate([b.event_time for b in batches])
+    return ReportBatch(first.fingerprint, numeric, cats, t)

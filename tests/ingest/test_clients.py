@@ -62,6 +62,9 @@ def test_read_to_end_raises_the_callers_error_in_time():
 def test_every_client_gets_the_security_settings(monkeypatch, tmp_path):
     import kafka
 
+    from ingest.kafka import _client_options
+
+    _client_options()  # the real clients' option names, before they are replaced below
     made = []
 
     def recorder(kind):
