@@ -40,7 +40,9 @@ __all__ = [
     "CheckpointError",
     "StateTopicReader",
     "checkpoint_key",
+    "pane_key",
     "parse_checkpoint_key",
+    "parse_state_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,15 +81,49 @@ def checkpoint_key(pipeline: str, partition: int) -> bytes:
 
 
 def parse_checkpoint_key(key: bytes | None) -> tuple[str, int]:
-    """Inverse of :func:`checkpoint_key`; raises :class:`CheckpointError` on a foreign key."""
+    """Inverse of :func:`checkpoint_key`; raises :class:`CheckpointError` on any other key
+    (a pane key of :func:`pane_key` included)."""
+    pipeline, partition, query, _ = parse_state_key(key)
+    if query is not None:
+        raise CheckpointError(f"state-topic key {key!r} is a window pane's, not '<pipeline>/<partition>'")
+    return pipeline, partition
+
+
+def pane_key(pipeline: str, partition: int, query: str, start: int) -> bytes:
+    """State-topic key of a closed window pane: ``b"<pipeline>/<partition>/<query>/<start>"``
+    (``start``: the pane's start, Unix seconds; docs/windows.md §3).
+
+    Raises
+    ------
+    CheckpointError
+        As :func:`checkpoint_key`, or if ``query`` is empty or contains ``/``.
+    """
+    if not query or "/" in query:
+        raise CheckpointError(f"query must be a non-empty name without '/', got {query!r}")
+    return checkpoint_key(pipeline, partition) + f"/{query}/{int(start)}".encode()
+
+
+def parse_state_key(key: bytes | None) -> tuple[str, int, str | None, int | None]:
+    """``(pipeline, partition, query, start)`` of a checkpoint key (``query`` and ``start`` None)
+    or of a pane key.
+
+    Raises
+    ------
+    CheckpointError
+        If ``key`` is neither.
+    """
     try:
-        text = (key or b"").decode()
-        pipeline, _, part = text.rpartition("/")
-        if not pipeline or not part.isdigit():
+        parts = (key or b"").decode().split("/")
+        if len(parts) not in (2, 4) or not parts[0] or not parts[1].isdigit():
             raise ValueError
-        return pipeline, int(part)
+        if len(parts) == 2:
+            return parts[0], int(parts[1]), None, None
+        if not parts[2] or not parts[3].lstrip("-").isdigit():
+            raise ValueError
+        return parts[0], int(parts[1]), parts[2], int(parts[3])
     except ValueError:
-        raise CheckpointError(f"state-topic key {key!r} is not '<pipeline>/<partition>'") from None
+        raise CheckpointError(f"state-topic key {key!r} is not '<pipeline>/<partition>' nor "
+                              "'<pipeline>/<partition>/<query>/<pane start>'") from None
 
 
 @dataclass(frozen=True)
@@ -245,6 +281,9 @@ class StateTopicReader:
         State-topic name.
     pipeline : str or None
         Keep only keys of this pipeline (``None``: every key).
+    panes : bool
+        With ``pipeline``: also keep its closed window panes (:func:`pane_key`; serve needs
+        them, a worker does not). A tombstone (a record without a value) deletes its key.
 
     Attributes
     ----------
@@ -264,7 +303,7 @@ class StateTopicReader:
     StateTopicReader.connect : a reader with its own consumer, built from ``KafkaSettings``.
     """
 
-    def __init__(self, consumer, topic: str, pipeline: str | None = None) -> None:
+    def __init__(self, consumer, topic: str, pipeline: str | None = None, panes: bool = False) -> None:
         from kafka import TopicPartition
 
         if not topic:
@@ -272,6 +311,7 @@ class StateTopicReader:
         self.consumer = consumer
         self.topic = topic
         self.pipeline = pipeline
+        self.panes = bool(panes)
         self.latest: dict[bytes, bytes] = {}
         self.offsets: dict[bytes, int] = {}
         self._tp_cls = TopicPartition
@@ -279,10 +319,11 @@ class StateTopicReader:
         self.records_read = 0
 
     @classmethod
-    def connect(cls, settings: KafkaSettings, topic: str, pipeline: str | None = None) -> StateTopicReader:
+    def connect(cls, settings: KafkaSettings, topic: str, pipeline: str | None = None,
+                panes: bool = False) -> StateTopicReader:
         """A reader of ``topic`` over a new consumer without a group
         (:func:`ingest.clients.reader_client`: the TLS/SASL settings of ``settings``)."""
-        return cls(reader_client(settings), topic, pipeline)
+        return cls(reader_client(settings), topic, pipeline, panes)
 
     def _assign(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -305,15 +346,19 @@ class StateTopicReader:
         for rec in records:
             n += 1
             key = rec.key
-            if key is None or rec.value is None:
+            if key is None:
                 continue
             if self.pipeline is not None:
                 try:
-                    pipeline, _ = parse_checkpoint_key(key)
+                    pipeline, _, query, _ = parse_state_key(key)
                 except CheckpointError:
                     continue
-                if pipeline != self.pipeline:
+                if pipeline != self.pipeline or (query is not None and not self.panes):
                     continue
+            if rec.value is None:  # a tombstone: the key is deleted
+                self.latest.pop(key, None)
+                self.offsets.pop(key, None)
+                continue
             self.latest[key] = rec.value
             self.offsets[key] = rec.offset
         self.records_read += n
@@ -363,6 +408,22 @@ class StateTopicReader:
         """
         self._assign(min(timeout_s, 5.0))
         return self.consumer.end_offsets(self._tps, timeout_ms=int(timeout_s * 1000))
+
+    def end_offsets_of(self, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+        """End offset of every partition of another ``topic`` (serve asks for the reports
+        topic's: which partitions are caught up), through this reader's consumer.
+
+        Raises
+        ------
+        kafka.errors.KafkaError
+            If the broker does not answer within ``timeout_s`` seconds.
+        """
+        parts = self.consumer.partitions_for_topic(topic) or set()
+        tps = [self._tp_cls(topic, p) for p in sorted(parts)]
+        if not tps:
+            return {}
+        ends = self.consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        return {tp.partition: int(off) for tp, off in ends.items()}
 
     def close(self) -> None:
         """Close the underlying consumer (idempotent)."""

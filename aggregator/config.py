@@ -92,6 +92,10 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 _SECONDS = finite_float(0.0, 86_400)
 #: ``stale_after_s``: seconds in (0, 1 week].
 _STALE_SECONDS = finite_float(0.0, 86_400 * 7)
+#: ``max_event_time_skew_s``: seconds in [0, 1 year].
+_SKEW_SECONDS = finite_float(0.0, 86_400 * 366, low_open=False)
+#: ``window_idle_timeout_s``: seconds in (0, 1 year].
+_IDLE_SECONDS = finite_float(0.0, 86_400 * 366)
 
 
 class PipelineSection(_Frozen):
@@ -137,9 +141,11 @@ class TopicsSection(_Frozen):
 class WorkerSection(_Frozen):
     """``[worker]``: consumer group, checkpoint cadence (seconds and/or reports; a checkpoint is
     taken when either is reached), metrics port (0 = no metrics server), the largest record
-    accepted, in bytes (1 KiB … 1 GiB), and ``malloc_trim_threshold_mib``: free memory glibc keeps
+    accepted, in bytes (1 KiB … 1 GiB), ``malloc_trim_threshold_mib``: free memory glibc keeps
     for reuse per heap, MiB (0 = glibc's defaults, else 32 … 2047; see
-    :func:`ingest.kafka.keep_freed_memory`)."""
+    :func:`ingest.kafka.keep_freed_memory`), and ``max_event_time_skew_s``: with windowed
+    queries, a record holding an event time more than this many seconds (0 … 1 year, default
+    3600) ahead of its Kafka timestamp is dead-lettered (``event_time_skew``, docs/windows.md §3)."""
 
     group_id: str = Field(default="ldp-stream", min_length=1)
     checkpoint_interval_s: _SECONDS = 10.0
@@ -147,6 +153,7 @@ class WorkerSection(_Frozen):
     metrics_port: int = Field(default=0, ge=0, le=65_535)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1 << 30)
     malloc_trim_threshold_mib: int = Field(default=128, ge=0, le=_TRIM_MIB[1])
+    max_event_time_skew_s: _SKEW_SECONDS = 3600.0
 
     @field_validator("malloc_trim_threshold_mib")
     @classmethod
@@ -161,12 +168,15 @@ class ServeSection(_Frozen):
     """``[serve]``: HTTP listen address (loopback by default), port, how often merged
     estimates are refreshed from the state topic (seconds), and after how many seconds without
     an answer from the broker ``/readyz`` reports not ready (``stale_after_s`` >
-    ``refresh_interval_s``)."""
+    ``refresh_interval_s``), and ``window_idle_timeout_s``: a reports partition that is caught up
+    and has had no new checkpoint for this many seconds stops holding windows open
+    (docs/windows.md §4)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65_535)
     refresh_interval_s: _SECONDS = 5.0
     stale_after_s: _STALE_SECONDS = 60.0
+    window_idle_timeout_s: _IDLE_SECONDS = 300.0
 
     @model_validator(mode="after")
     def _stale_after_refresh(self):

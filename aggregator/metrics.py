@@ -101,6 +101,11 @@ class WorkerMetrics:
         ``ldp_last_processed_timestamp_seconds``: Unix time of the last processed record.
     owned : Gauge
         ``ldp_owned_partitions``: partitions currently owned.
+    late : Counter, label ``query``
+        ``ldp_reports_late_total``: reports of a windowed query not folded in because their pane
+        had closed (docs/windows.md §3).
+    pane_records : Counter
+        ``ldp_window_pane_records_total``: closed panes and tombstones sent to the state topic.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -134,6 +139,11 @@ class WorkerMetrics:
         self.state_invalid = Counter(_base("ldp_state_records_invalid_total"),
                                      "State-topic records that failed to decode.", registry=r)
         self.owned = Gauge("ldp_owned_partitions", "Partitions currently owned.", registry=r)
+        self.late = Counter(_base("ldp_reports_late_total"),
+                            "Reports of a windowed query that arrived after their pane closed.", ["query"],
+                            registry=r)
+        self.pane_records = Counter(_base("ldp_window_pane_records_total"),
+                                    "Closed window panes and tombstones sent to the state topic.", registry=r)
 
     def exposition(self) -> bytes:
         """Prometheus text exposition of this registry."""
@@ -149,7 +159,11 @@ class ServeMetrics:
     Gauges ``ldp_estimate``, ``ldp_estimate_stderr``, ``ldp_estimate_ci_lower``,
     ``ldp_estimate_ci_upper`` carry labels ``query`` and ``param`` (one series per estimated
     parameter); ``ldp_estimate_reports{query}`` is the number of reports behind the estimate;
-    ``ldp_estimate_hessian_guard{query}`` counts the renewable regressions' guard actions.
+    ``ldp_estimate_hessian_guard{query}`` counts the renewable regressions' guard actions. A
+    windowed query publishes its latest final window instead (:meth:`set_window`):
+    ``ldp_window_estimate``, ``ldp_window_estimate_stderr``, ``ldp_window_estimate_ci_lower``,
+    ``ldp_window_estimate_ci_upper`` {query, param}, ``ldp_window_reports{query}`` and
+    ``ldp_window_end_timestamp_seconds{query}``.
 
     Parameters
     ----------
@@ -176,10 +190,43 @@ class ServeMetrics:
                                    registry=r)
         self.partitions = Gauge("ldp_state_partitions", "Partition checkpoints merged per query.",
                                 ["query"], registry=r)
+        self.window_value = Gauge("ldp_window_estimate", "Estimate of the latest final window.", labels,
+                                  registry=r)
+        self.window_stderr = Gauge("ldp_window_estimate_stderr",
+                                   "Standard error of the latest final window's estimate.", labels,
+                                   registry=r)
+        self.window_ci_lower = Gauge("ldp_window_estimate_ci_lower",
+                                     "Lower confidence bound of the latest final window.", labels,
+                                     registry=r)
+        self.window_ci_upper = Gauge("ldp_window_estimate_ci_upper",
+                                     "Upper confidence bound of the latest final window.", labels,
+                                     registry=r)
+        self.window_reports = Gauge("ldp_window_reports", "Reports in the latest final window.", ["query"],
+                                    registry=r)
+        self.window_end = Gauge("ldp_window_end_timestamp_seconds",
+                                "End (Unix seconds) of the latest final window.", ["query"], registry=r)
         self.state_contact = Gauge("ldp_state_topic_last_contact_timestamp_seconds",
                                    "Unix time the broker last answered for the state topic (read to "
                                    "its end, or its end offsets returned); alert on its age.",
                                    registry=r)
+
+    def set_window(self, query: str, window: Mapping) -> None:
+        """Publish the latest final window of a windowed query (``ldp_window_estimate`` … with
+        the labels of :meth:`set_estimate`, ``ldp_window_reports{query}`` and
+        ``ldp_window_end_timestamp_seconds{query}``; docs/windows.md §4).
+
+        Parameters
+        ----------
+        query : str
+        window : mapping
+            A row of ``GET /windows/{query}``: ``params``, ``value``, ``stderr``, ``ci_low``,
+            ``ci_high``, ``n`` and ``end_s`` (Unix seconds).
+        """
+        self._set_params((self.window_value, self.window_stderr, self.window_ci_lower,
+                          self.window_ci_upper), query, window)
+        self.window_reports.labels(query=query).set(float(window.get("n") or 0))
+        if window.get("end_s") is not None:
+            self.window_end.labels(query=query).set(float(window["end_s"]))
 
     def set_estimate(self, query: str, estimate: Mapping) -> None:
         """Publish one query's estimate.
@@ -196,18 +243,22 @@ class ServeMetrics:
         """
         if estimate.get("hessian_guard") is not None:
             self.hessian_guard.labels(query=query).set(int(estimate["hessian_guard"]))
-        vals = _as_list(estimate.get("value"))
-        default = ["value"] if len(vals) == 1 else [str(i) for i in range(len(vals))]
-        params = estimate.get("params") or default
-        params = [str(p) for p in params]
-        for gauge, key in ((self.value, "value"), (self.stderr, "stderr"), (self.ci_lower, "ci_low"),
-                           (self.ci_upper, "ci_high")):
-            for p, v in zip(params, _as_list(estimate.get(key))):
-                if v is not None and math.isfinite(v):
-                    gauge.labels(query=query, param=p).set(v)
+        self._set_params((self.value, self.stderr, self.ci_lower, self.ci_upper), query, estimate)
         n = estimate.get("n")
         if n is not None:
             self.reports.labels(query=query).set(float(n))
+
+    @staticmethod
+    def _set_params(gauges: tuple, query: str, estimate: Mapping) -> None:
+        """Set the value, stderr, ci_low and ci_high gauges of each parameter (non-finite
+        entries skipped)."""
+        vals = _as_list(estimate.get("value"))
+        default = ["value"] if len(vals) == 1 else [str(i) for i in range(len(vals))]
+        params = [str(p) for p in (estimate.get("params") or default)]
+        for gauge, key in zip(gauges, ("value", "stderr", "ci_low", "ci_high"), strict=True):
+            for p, v in zip(params, _as_list(estimate.get(key))):
+                if v is not None and math.isfinite(v):
+                    gauge.labels(query=query, param=p).set(v)
 
     def exposition(self) -> bytes:
         """Prometheus text exposition of this registry."""

@@ -85,6 +85,8 @@ class PipelineRuntime:
         self._decode_many = decode_many
         self._double_many = double_many
         self._names = tuple(self.queries) if queries is not None else None
+        #: Names of the windowed queries (their states need event times: docs/windows.md §3).
+        self.windowed = tuple(n for n, q in self.queries.items() if getattr(q, "window", None) is not None)
 
     @property
     def query_names(self) -> tuple[str, ...]:
@@ -137,6 +139,7 @@ class PipelineRuntime:
             If the configuration cannot be turned into states (propagated from the builders).
         """
         from aggregator import state as state_mod
+        from aggregator.state.registry import state_class
         from ingest import _decode_kernel, codec
 
         schema = config.telemetry_schema
@@ -152,7 +155,7 @@ class PipelineRuntime:
 
         def restore_state(name: str, blob: bytes):
             q = queries[name]  # the class build_state uses: a blob of another class is refused
-            return state_mod.state_from_bytes(blob, q, schema, expected=state_mod.STATE_CLASSES[q.kind],
+            return state_mod.state_from_bytes(blob, q, schema, expected=state_class(q),
                                               loss=losses.get(name))
 
         new_states()  # build once so configuration errors surface here

@@ -55,6 +55,7 @@ __all__ = [
     "Query",
     "RenewableOptions",
     "VarianceQuery",
+    "WindowSpec",
     "finite_float",
     "format_validation_error",
     "parse_query",
@@ -146,9 +147,99 @@ class _RenewableQuery(StrictModel):
         return data
 
 
+#: Largest number of panes a window's retention may span (state-topic records per partition).
+MAX_RETAINED_PANES = 100_000
+#: Retention in hops when ``window.retention`` is not given.
+DEFAULT_RETAINED_HOPS = 1000
+
+
+class WindowSpec(StrictModel):
+    """Event-time windows of a query (docs/windows.md §2): tumbling (``hop`` omitted) or hopping,
+    aligned to the Unix epoch in UTC.
+
+    Attributes
+    ----------
+    size : str
+        Window length, a duration (``"30s"``, ``"15m"``, ``"1h"``, ``"1d"``, ``"7d"``).
+    hop : str or None
+        Step between window starts; ``size`` must be a multiple of it. ``None``: ``size``
+        (tumbling). State is kept per *pane* of length ``hop``; a window merges ``size/hop`` panes.
+    grace : str
+        How far behind the latest event time a partition still accepts reports (default
+        ``"0s"``): a partition's watermark is its max event time − grace, and a pane whose end
+        is ≤ the watermark is closed; later reports for it are *late* (counted, not folded).
+    retention : str or None
+        Closed panes whose end is more than this before the watermark are deleted (tombstoned)
+        from the state topic. ``None``: 1000 hops. At least ``size`` and at most 100000 hops.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a malformed duration, ``size`` not a multiple of ``hop``, or a retention out of range
+        (wrapped into ``ConfigError`` by :func:`parse_query`).
+    """
+
+    size: str
+    hop: str | None = None
+    grace: str = "0s"
+    retention: str | None = None
+
+    @field_validator("size", "hop", "grace", "retention")
+    @classmethod
+    def _check_duration(cls, v: str | None, info) -> str | None:
+        from ingest.event_time import parse_duration
+
+        if v is not None:
+            parse_duration(v, "", allow_zero=info.field_name == "grace")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> WindowSpec:
+        if self.size_s % self.hop_s:
+            raise ValueError(f"size ({self.size}) must be a multiple of hop ({self.hop})")
+        if self.retention is not None:
+            if self.retention_s < self.size_s:
+                raise ValueError(f"retention ({self.retention}) must be at least size ({self.size})")
+            if self.retention_s > MAX_RETAINED_PANES * self.hop_s:
+                raise ValueError(f"retention ({self.retention}) must be at most {MAX_RETAINED_PANES} "
+                                 f"hops of {self.hop or self.size}")
+        return self
+
+    @property
+    def size_s(self) -> int:
+        """Window length, seconds."""
+        from ingest.event_time import parse_duration
+
+        return parse_duration(self.size)
+
+    @property
+    def hop_s(self) -> int:
+        """Pane length = step between window starts, seconds."""
+        from ingest.event_time import parse_duration
+
+        return parse_duration(self.hop) if self.hop is not None else self.size_s
+
+    @property
+    def grace_s(self) -> int:
+        """Grace period, seconds."""
+        from ingest.event_time import parse_duration
+
+        return parse_duration(self.grace, allow_zero=True)
+
+    @property
+    def retention_s(self) -> int:
+        """Retention of closed panes, seconds (default: 1000 hops, at least ``size``)."""
+        from ingest.event_time import parse_duration
+
+        if self.retention is None:
+            return max(self.size_s, DEFAULT_RETAINED_HOPS * self.hop_s)
+        return parse_duration(self.retention)
+
+
 class _QueryBase(StrictModel):
     name: str
     level: float = 0.95
+    window: WindowSpec | None = None
 
     @field_validator("name")
     @classmethod

@@ -27,11 +27,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader, parse_checkpoint_key
+from aggregator.checkpoint import Checkpoint, CheckpointError, StateTopicReader, parse_state_key
 from aggregator.errors import AggregatorError, ConfigError
 from aggregator.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from aggregator.windows import WindowView, latest_final
 
-__all__ = ["EstimateStore", "build_app", "estimate_payload", "merge_checkpoints", "run_server"]
+__all__ = ["EstimateStore", "build_app", "estimate_payload", "merge_checkpoints", "merge_restored",
+           "restore_checkpoint", "run_server"]
 
 log = logging.getLogger(__name__)
 
@@ -58,25 +60,47 @@ def merge_checkpoints(checkpoints: Iterable[Checkpoint], runtime) -> tuple[dict,
     StateError
         If a checkpoint's states cannot be restored or merged (callers may skip it).
     """
-    merged: dict[str, Any] = {}
     parts = sorted((c for c in checkpoints if c.pipeline == runtime.name), key=lambda c: c.partition)
-    for ck in parts:
-        if ck.fingerprint != runtime.fingerprint:
-            raise CheckpointError(f"checkpoint of partition {ck.partition} has another schema fingerprint")
-        if runtime.queries:  # as the workers: a query added or removed makes it unusable
-            ck.require_queries(runtime.queries)
-        for name, blob in ck.states.items():
-            st = runtime.restore_state(name, blob)
-            if name in merged:
-                merged[name].merge(st)
-            else:
-                merged[name] = st
+    merged = merge_restored([restore_checkpoint(ck, runtime) for ck in parts])
     info = {
         "partitions": [c.partition for c in parts],
         "reports": sum(c.reports for c in parts),
         "next_offsets": {c.partition: c.next_offset for c in parts},
     }
     return merged, info
+
+
+def restore_checkpoint(ck: Checkpoint, runtime) -> dict:
+    """The states of one partition checkpoint, by query name.
+
+    Raises
+    ------
+    CheckpointError
+        If it was built for another schema or holds another query set (as the workers refuse it).
+    StateError
+        If a state cannot be restored.
+    """
+    if ck.fingerprint != runtime.fingerprint:
+        raise CheckpointError(f"checkpoint of partition {ck.partition} has another schema fingerprint")
+    if runtime.queries:  # as the workers: a query added or removed makes it unusable
+        ck.require_queries(runtime.queries)
+    return {name: runtime.restore_state(name, blob) for name, blob in ck.states.items()}
+
+
+def merge_restored(restored: Iterable[Mapping], skip: Iterable[str] = ()) -> dict:
+    """Merge restored partition states per query, in the given order (in place into the first
+    partition's states); queries in ``skip`` are left out."""
+    skip = set(skip)
+    merged: dict[str, Any] = {}
+    for states in restored:
+        for name, st in states.items():
+            if name in skip:
+                continue
+            if name in merged:
+                merged[name].merge(st)
+            else:
+                merged[name] = st
+    return merged
 
 
 def estimate_payload(name: str, state) -> dict:
@@ -121,6 +145,13 @@ class EstimateStore:
     stale_after_s : float
         :meth:`readiness` fails once the broker has not answered for this many seconds
         (> ``refresh_interval_s``).
+    reports_topic : str or None
+        With windowed queries: the reports topic, whose partitions' end offsets tell which
+        partitions are caught up (an idle one stops holding windows open). ``None``: every
+        partition with a checkpoint holds windows open.
+    window_idle_timeout_s : float
+        A caught-up partition without a new checkpoint for this long is idle (> 0;
+        docs/windows.md §4).
 
     Attributes
     ----------
@@ -134,7 +165,8 @@ class EstimateStore:
     """
 
     def __init__(self, runtime, reader: StateTopicReader | None = None, metrics: ServeMetrics | None = None,
-                 refresh_interval_s: float = 1.0, stale_after_s: float = 60.0) -> None:
+                 refresh_interval_s: float = 1.0, stale_after_s: float = 60.0, *,
+                 reports_topic: str | None = None, window_idle_timeout_s: float = 300.0) -> None:
         if not (isinstance(refresh_interval_s, int | float) and refresh_interval_s > 0):
             raise ConfigError(f"refresh_interval_s must be > 0 seconds, got {refresh_interval_s!r}")
         if not (isinstance(stale_after_s, int | float) and stale_after_s > refresh_interval_s):
@@ -143,6 +175,11 @@ class EstimateStore:
         self.runtime = runtime
         self.reader = reader
         self.metrics = metrics if metrics is not None else ServeMetrics()
+        self.reports_topic = reports_topic
+        self.window_view = (WindowView(runtime, window_idle_timeout_s)
+                            if getattr(runtime, "windowed", ()) else None)
+        self._windows: dict[str, dict] = {}
+        self.partition_ends: dict[int, int] | None = None  # reports-topic end offsets (windowed)
         self.refresh_interval_s = float(refresh_interval_s)
         self.stale_after_s = float(stale_after_s)
         self.loaded_at: float | None = None
@@ -169,16 +206,25 @@ class EstimateStore:
         """
         if offsets is not None:
             sig = tuple(sorted((bytes(k), offsets.get(k, -1)) for k in raw))
+            if self.window_view is not None:  # finality also moves with the ends and idle time
+                tick = int(time.time() // max(1.0, self.window_view.idle_timeout_s / 10))
+                sig += (tuple(sorted((self.partition_ends or {}).items())), tick)
             if sig == self._computed_for:  # no checkpoint changed since the last computation
                 self.last_refresh = time.time()
                 return
             self._computed_for = sig
-        cks = []
+        cks, panes = [], {}
+        windowed = set(getattr(self.runtime, "windowed", ()))
         for key, value in raw.items():
             try:
-                if parse_checkpoint_key(key)[0] != self.runtime.name:
-                    continue  # another pipeline sharing the state topic
+                pipeline, part, query, start = parse_state_key(key)
             except CheckpointError:
+                continue
+            if pipeline != self.runtime.name:
+                continue  # another pipeline sharing the state topic
+            if query is not None:  # a closed window pane (docs/windows.md §3)
+                if query in windowed:
+                    panes[(query, part, start)] = (key, value, (offsets or {}).get(key, -1))
                 continue
             try:
                 ck = Checkpoint.from_bytes(value)
@@ -191,10 +237,10 @@ class EstimateStore:
                 continue
             if ck.pipeline == self.runtime.name:
                 cks.append(ck)
-        good, unusable = [], []
-        for ck in cks:  # restore one by one so a single bad partition does not hide the rest
+        good, unusable, restored = [], [], {}
+        for ck in sorted(cks, key=lambda c: c.partition):  # one by one: a bad partition hides no other
             try:
-                merge_checkpoints([ck], self.runtime)
+                restored[ck.partition] = restore_checkpoint(ck, self.runtime)
                 good.append(ck)
             except Exception as exc:
                 unusable.append((ck.partition, exc))
@@ -203,7 +249,13 @@ class EstimateStore:
                     self._bad.add(tag)
                     self.metrics.state_invalid.inc()
                     log.error("checkpoint %r cannot be restored: %s", ck.key, exc)
-        merged, info = merge_checkpoints(good, self.runtime)
+        windows = {}
+        if self.window_view is not None:
+            windows = self.window_view.compute(restored, {ck.partition: ck for ck in good}, panes,
+                                               self.partition_ends, time.time())
+        merged = merge_restored(restored.values(), skip=windowed)
+        info = {"partitions": [c.partition for c in good], "reports": sum(c.reports for c in good),
+                "next_offsets": {c.partition: c.next_offset for c in good}}
         missing = "no checkpoint yet"
         if unusable:  # e.g. the queries were edited: the workers rebuild those partitions
             parts = sorted(p for p, _ in unusable)
@@ -213,18 +265,22 @@ class EstimateStore:
                        "the queries\")")
         estimates = {}
         for name in self.runtime.queries or merged:
-            if name in merged:
-                est = estimate_payload(name, merged[name])
+            if name in windows:  # the latest final window (docs/windows.md §4)
+                est = latest_final(windows[name])
+                if "error" not in est:
+                    self.metrics.set_window(name, est)
             else:
-                est = {"query": name, "n": 0, "error": missing}
+                est = (estimate_payload(name, merged[name]) if name in merged
+                       else {"query": name, "n": 0, "error": missing})
+                if "error" not in est:
+                    self.metrics.set_estimate(name, est)
+                else:
+                    self.metrics.reports.labels(query=name).set(est.get("n", 0))
             estimates[name] = est
-            if "error" not in est:
-                self.metrics.set_estimate(name, est)
-            else:
-                self.metrics.reports.labels(query=name).set(est.get("n", 0))
             self.metrics.partitions.labels(query=name).set(len(info["partitions"]))
         with self._lock:
             self._estimates = estimates
+            self._windows = windows
             self._info = info
             self.last_refresh = time.time()
         if self.reader is None:  # fed by hand: the caller's checkpoints are the whole topic
@@ -243,8 +299,14 @@ class EstimateStore:
         if self.reader is None:
             raise AggregatorError("EstimateStore has no state-topic reader")
         self.reader.catch_up(timeout_s)
+        self._refresh_ends()
         self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
         self._contact(loaded=True)
+
+    def _refresh_ends(self) -> None:
+        """With windowed queries: the reports topic's end offsets (which partitions are caught up)."""
+        if self.window_view is not None and self.reports_topic and self.reader is not None:
+            self.partition_ends = self.reader.end_offsets_of(self.reports_topic)
 
     def _loop(self) -> None:
         next_compute = 0.0
@@ -257,6 +319,7 @@ class EstimateStore:
                 if self.reader.poll(timeout_ms=200):
                     self._contact()  # records arrived: the broker answers
                 if time.monotonic() >= next_compute:
+                    self._refresh_ends()
                     self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
                     next_compute = time.monotonic() + self.refresh_interval_s
                     if time.time() - (self.last_contact or 0.0) >= self.stale_after_s / 3:
@@ -320,6 +383,12 @@ class EstimateStore:
         with self._lock:
             return dict(self._estimates)
 
+    def windows(self, name: str) -> dict | None:
+        """``{"query", "window", "windows", "horizon"}`` of windowed query ``name`` (None: not
+        windowed, or nothing computed yet)."""
+        with self._lock:
+            return self._windows.get(name)
+
     def info(self) -> dict:
         """``partitions``, ``reports``, ``next_offsets`` of the merged checkpoints."""
         with self._lock:
@@ -350,7 +419,13 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
     Routes (GET/HEAD only; anything else → 405 JSON):
 
     * ``/estimates`` → ``{"pipeline", "reports", "partitions", "estimates": {query: estimate}}``
-    * ``/estimates/{query}`` → one estimate (404 JSON for an unknown query)
+    * ``/estimates/{query}`` → one estimate (404 JSON for an unknown query); for a windowed
+      query the latest final window, with ``start``/``end``
+    * ``/windows/{query}?from=&to=&limit=`` → ``{"query", "window": {"size_s", "hop_s",
+      "grace_s", "retention_s"}, "horizon", "windows": [{"start", "end", "final", "n", "params",
+      "value", "stderr", "ci_low", "ci_high", …}, …]}`` ordered by start: the windows with
+      ``from ≤ start < to`` (ISO-8601 or Unix seconds), the latest ``limit`` of them (400 JSON
+      ``{"error", "reason"}`` for a bad parameter; 404 for an unknown or unwindowed query)
     * ``/privacy`` → the schema's privacy summary
     * ``/healthz`` → liveness, :meth:`EstimateStore.health` (200 ``ok``/``degraded``, 503 ``failed``)
     * ``/readyz`` → readiness, :meth:`EstimateStore.readiness` (200 ``ready``, 503 ``not_ready``)
@@ -378,6 +453,25 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
         if name not in ests:
             return js({"error": f"unknown query {name!r}", "queries": sorted(ests)}, 404)
         return js(ests[name])
+
+    async def windows(request: Request):
+        name = request.path_params["query"]
+        if name not in store.estimates() and name not in getattr(store.runtime, "queries", {}):
+            return js({"error": f"unknown query {name!r}", "queries": sorted(store.estimates())}, 404)
+        if name not in getattr(store.runtime, "windowed", ()):
+            return js({"error": f"query {name!r} has no window",
+                       "reason": "only queries with a `window` table have windows; its cumulative "
+                                 f"estimate is at /estimates/{name}"}, 404)
+        try:
+            lo, hi, limit = _window_params(request.query_params)
+        except ValueError as exc:
+            return js({"error": "invalid query parameter", "reason": str(exc)}, 400)
+        payload = store.windows(name) or {"query": name, "window": None, "windows": []}
+        rows = [r for r in payload["windows"]
+                if (lo is None or r["start_s"] >= lo) and (hi is None or r["start_s"] < hi)]
+        if limit is not None:
+            rows = rows[-limit:] if limit else []
+        return js({**payload, "windows": rows})
 
     async def privacy_route(request: Request):
         summary = privacy
@@ -410,6 +504,7 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
     routes = [
         Route("/estimates", estimates, methods=methods),
         Route("/estimates/{query}", one, methods=methods),
+        Route("/windows/{query}", windows, methods=methods),
         Route("/privacy", privacy_route, methods=methods),
         Route("/healthz", healthz, methods=methods),
         Route("/readyz", readyz, methods=methods),
@@ -417,6 +512,27 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
     ]
     return Starlette(routes=routes, debug=False,
                      exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+def _window_params(params: Mapping) -> tuple[int | None, int | None, int | None]:
+    """``(from, to, limit)`` of ``GET /windows/{query}``; raises ValueError naming the parameter."""
+    from ingest.event_time import parse_iso_utc
+
+    def when(key: str) -> int | None:
+        v = params.get(key)
+        if v is None or v == "":
+            return None
+        if v.lstrip("-").isdigit():
+            return int(v)
+        return parse_iso_utc(v, key)
+
+    lo, hi = when("from"), when("to")
+    limit = params.get("limit")
+    if limit is not None:
+        if not limit.isdigit() or int(limit) > 1_000_000:
+            raise ValueError(f"limit must be an integer in [0, 1000000], got {limit!r}")
+        limit = int(limit)
+    return lo, hi, limit
 
 
 def check_bindable(host: str, port: int) -> None:

@@ -49,9 +49,10 @@ def run(args: argparse.Namespace) -> int:
         port = free_port(host)
     runtime = PipelineRuntime.from_config(cfg)
     ensure_topics(cfg)
-    reader = StateTopicReader.connect(cfg.kafka, cfg.topics.state, runtime.name)
+    reader = StateTopicReader.connect(cfg.kafka, cfg.topics.state, runtime.name, panes=True)
     store = EstimateStore(runtime, reader, refresh_interval_s=cfg.serve.refresh_interval_s,
-                          stale_after_s=cfg.serve.stale_after_s).start()
+                          stale_after_s=cfg.serve.stale_after_s, reports_topic=cfg.topics.reports,
+                          window_idle_timeout_s=cfg.serve.window_idle_timeout_s).start()
     try:
         privacy = cfg.telemetry_schema.privacy_summary()
     except Exception as exc:  # a summary problem must not stop the estimates

@@ -5,10 +5,38 @@ from __future__ import annotations
 from aggregator.errors import ConfigError
 from aggregator.queries import parse_query
 
-__all__ = ["STATE_CLASSES", "build_state", "construct", "register_state"]
+__all__ = ["STATE_CLASSES", "build_state", "construct", "register_state", "state_class"]
 
 STATE_CLASSES: dict[str, type] = {}
 """Query kind → state class (e.g. ``"mean" → MomentsState``)."""
+
+
+def state_class(query) -> type:
+    """The state class of ``query``: :class:`aggregator.state.windowed.WindowedState` when it has a
+    ``window``, else its kind's class (:data:`STATE_CLASSES`).
+
+    Raises
+    ------
+    ConfigError
+        If the kind has no state class.
+    """
+    try:
+        cls = STATE_CLASSES[query.kind]
+    except KeyError:
+        raise ConfigError(f"queries.{query.name}.kind: no state class for kind {query.kind!r} "
+                          f"(have {sorted(STATE_CLASSES)})") from None
+    if getattr(query, "window", None) is not None:
+        from aggregator.state.windowed import WindowedState
+
+        return WindowedState
+    return cls
+
+
+def known_classes() -> list[type]:
+    """Every state class a serialized state may name."""
+    from aggregator.state.windowed import WindowedState
+
+    return [*STATE_CLASSES.values(), WindowedState]
 
 
 def register_state(cls: type) -> type:
@@ -41,12 +69,7 @@ def build_state(query, schema, *, loss=None):
         ``loss`` is given for a query that is not ``custom``.
     """
     q = parse_query(query)
-    try:
-        cls = STATE_CLASSES[q.kind]
-    except KeyError:
-        raise ConfigError(f"queries.{q.name}.kind: no state class for kind {q.kind!r} "
-                          f"(have {sorted(STATE_CLASSES)})") from None
-    return construct(cls, q, schema, loss)
+    return construct(state_class(q), q, schema, loss)
 
 
 def construct(cls: type, query, schema, loss=None):
@@ -59,7 +82,7 @@ def construct(cls: type, query, schema, loss=None):
     """
     if loss is None:
         return cls(query, schema)
-    if query.kind != "custom":
+    if query.kind != "custom":  # (a windowed custom query passes it on to its panes)
         raise ConfigError(f"queries.{query.name}: a loss object is only for custom queries, "
                           f"not {query.kind!r}")
     return cls(query, schema, loss=loss)

@@ -77,8 +77,12 @@ def decode_arrays(obj: Any) -> Any:
 
 
 def query_digest(query: Query) -> str:
-    """First 16 hex digits of the SHA-256 of the query spec as canonical JSON."""
-    doc = json.dumps(query.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """First 16 hex digits of the SHA-256 of the query spec as canonical JSON (a query without a
+    ``window`` has the digest it had before windows existed: its checkpoints stay readable)."""
+    spec = query.model_dump(mode="json")
+    if spec.get("window", 0) is None:
+        del spec["window"]
+    doc = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
@@ -131,7 +135,7 @@ def state_from_bytes(data: bytes, query, schema, *, expected: type | None = None
     ConfigError
         ``loss`` given for a query that is not ``custom``.
     """
-    from aggregator.state.registry import STATE_CLASSES, construct
+    from aggregator.state.registry import construct, known_classes
 
     raw = bytes(data)
     if not raw.startswith(FORMAT_MAGIC):
@@ -142,7 +146,7 @@ def state_from_bytes(data: bytes, query, schema, *, expected: type | None = None
         raise StateError(f"serialized state is not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or "class" not in doc or "data" not in doc:
         raise StateError("serialized state lacks 'class' or 'data'")
-    klass = next((c for c in STATE_CLASSES.values() if c.__name__ == doc["class"]), None)
+    klass = next((c for c in known_classes() if c.__name__ == doc["class"]), None)
     if klass is None:
         raise StateError(f"unknown state class {doc['class']!r}")
     if expected is not None and not issubclass(klass, expected):

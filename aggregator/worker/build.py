@@ -60,5 +60,5 @@ def worker_from_config(config: PipelineConfig, *, group_id: str | None = None,
         dead_letter_topic=config.topics.dead_letter, group_id=group,
         checkpoint_interval_s=w.checkpoint_interval_s, checkpoint_reports=w.checkpoint_reports,
         max_record_bytes=w.max_record_bytes, coalesce=coalesce, max_poll_records=max_poll_records,
-        overlap=overlap, metrics=metrics,
+        overlap=overlap, metrics=metrics, max_event_time_skew_s=w.max_event_time_skew_s,
     )

@@ -143,7 +143,8 @@ class Checkpointer:
         """Send the checkpoint of each ``(partition state, mark)``: its states with the mark's
         offset and counts (the caller makes sure the states hold exactly the records below it:
         under the lock after a drain, or on the update thread); returns
-        ``[(partition state, next_offset sent, send future)]`` for :meth:`settle`.
+        ``[(partition state, next_offset sent, send future)]`` for :meth:`settle` (``None``
+        for the records of closed window panes sent before a checkpoint, :meth:`send_panes`).
 
         Raises
         ------
@@ -156,10 +157,30 @@ class Checkpointer:
                                   "after it") from failure
         sent = []
         for ps, mark in marked:
+            sent += self.send_panes(ps, mark)
             ck = ps.to_checkpoint(self.runtime, mark)
             sent.append((ps, ck.next_offset,
                          self.producer.send(self.state_topic, key=ck.key, value=ck.to_bytes())))
         return sent
+
+    def send_panes(self, ps: PartitionState, mark: Mark) -> list[tuple]:
+        """Before ``ps``'s checkpoint at ``mark``: send every closed window pane of its windowed
+        queries under its own key and every tombstone due (docs/windows.md §3), after dropping
+        those a durable checkpoint already carried (:meth:`WindowedState.settle`). Returns
+        ``[(ps, None, send future)]`` — :meth:`settle` waits for them with the checkpoint, so a
+        pane leaves the partition state only in a checkpoint after its record is durable."""
+        from aggregator.checkpoint import pane_key
+
+        out = []
+        for name in self.runtime.windowed:
+            st = ps.states[name]
+            st.settle(ps.published_offset)
+            for start, blob in st.outbox(mark.next_offset):
+                key = pane_key(self.runtime.name, ps.partition, name, start)
+                out.append((ps, None, self.producer.send(self.state_topic, key=key, value=blob)))
+        if out:
+            self.metrics.pane_records.inc(len(out))
+        return out
 
     def settle(self, sent: list[tuple], flush: bool = True) -> dict:
         """Wait for the checkpoints :meth:`send` sent (``flush``: flush the producer first;
@@ -175,6 +196,7 @@ class Checkpointer:
         for _, _, f in sent:  # flush() does not raise for a failed record: its future does
             f.get(timeout=1)
         # the state is durable: only now may the group offsets move
+        sent = [(ps, offset, f) for ps, offset, f in sent if offset is not None]  # not pane records
         for ps, offset, _ in sent:
             if ps.published_offset is None or offset > ps.published_offset:
                 ps.published_offset = offset
@@ -207,7 +229,7 @@ class Checkpointer:
         offsets = self.settle(sent)
         self.since_reports = 0
         self.last_at = time.monotonic()
-        return Published(offsets, len(sent), t0, time.perf_counter())
+        return Published(offsets, len(offsets), t0, time.perf_counter())
 
     # ------------------------------------------------------------------ in the background
     def begin(self) -> InFlight | Published:
@@ -261,7 +283,8 @@ class Checkpointer:
         offsets = self.settle(sent, flush=block)
         # a partition revoked or lost meanwhile: its next owner commits (committing this older
         # offset would move the group's offset back)
-        owned = {ps.partition for ps, _, _ in sent if self.owned.get(ps.partition) is ps}
+        owned = {ps.partition for ps, offset, _ in sent
+                 if offset is not None and self.owned.get(ps.partition) is ps}
         offsets = {tp: om for tp, om in offsets.items() if tp.partition in owned}
         self.finish(Published(offsets, len(offsets), fl.started, time.perf_counter()))
 

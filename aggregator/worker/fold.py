@@ -7,6 +7,11 @@ record bytes, so a replay is bit-identical — and every query state is updated 
 (:meth:`OverlapThreads.update`). Undecodable records go to the dead-letter topic (value = the
 original bytes, headers ``reason``, ``source_topic``, ``source_partition``, ``source_offset``)
 and are counted by reason.
+
+With windowed queries (docs/windows.md §3) every report needs an event time: the record's own
+(schema with a time column) or its Kafka timestamp. A record holding an event time more than
+``max_event_time_skew_s`` ahead of its Kafka timestamp is dead-lettered (``event_time_skew``): one
+device with a clock in 2099 must not move the watermark past every open window.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from aggregator.metrics import WorkerMetrics
 from aggregator.plan import PipelineRuntime
 from aggregator.worker.partition import PartitionState
 from aggregator.worker.threads import OverlapThreads
-from ingest.batch import ReportBatch
+from ingest.batch import ReportBatch, concat_batches, slice_batch, with_event_time
 
 __all__ = ["Folder"]
 
@@ -41,6 +48,9 @@ class Folder:
         Larger records are dead-lettered (``"oversized"``), truncated to this size.
     coalesce : bool
         One update per poll and partition (``False``: one per record, bit-identical replays).
+    max_event_time_skew_s : float
+        With windowed queries: a record with an event time more than this many seconds ahead of
+        its Kafka timestamp is dead-lettered (``event_time_skew``).
 
     Notes
     -----
@@ -50,7 +60,7 @@ class Folder:
 
     def __init__(self, runtime: PipelineRuntime, producer, *, threads: OverlapThreads,
                  metrics: WorkerMetrics, dead_letter_topic: str, max_record_bytes: int,
-                 coalesce: bool) -> None:
+                 coalesce: bool, max_event_time_skew_s: float = 3600.0) -> None:
         self.runtime = runtime
         self.producer = producer
         self.threads = threads
@@ -58,6 +68,8 @@ class Folder:
         self.dead_letter_topic = dead_letter_topic
         self.max_record_bytes = max_record_bytes
         self.coalesce = coalesce
+        self.max_event_time_skew_s = float(max_event_time_skew_s)
+        self.windowed = tuple(runtime.windowed)
 
     def fold(self, ps: PartitionState, records: list) -> int:
         """Fold ``records`` (kafka-python ``ConsumerRecord``\\ s of ``ps``'s partition, offsets
@@ -105,6 +117,10 @@ class Folder:
         if batch is None or batch.fingerprint != self.runtime.fingerprint \
                 or not all(type(r) is int for r in results):
             return None  # decode again in fold_records, which dead-letters what fails
+        if self.windowed:
+            batch, skewed = self.event_times(batch, records, results)
+            if skewed.any():
+                return None  # fold_records dead-letters the skewed records
         ps.next_offset = records[-1].offset + 1
         return self.fold_decoded(ps, batch, values, results)
 
@@ -115,28 +131,63 @@ class Folder:
         values = [rec.value for rec, refused in todo if refused is None]
         batch, results = self.runtime.decode_many(values) if values else (None, [])
         foreign = batch is not None and batch.fingerprint != self.runtime.fingerprint
-        decoded = iter(results)  # per record: its report count, or the DecodeError it raised
-        good, counts = [], []
-        for rec, refused in todo:
-            if refused is None:
-                res = next(decoded)
-                if isinstance(res, int) and not foreign:
-                    good.append(rec.value)
-                    counts.append(res)
-                    continue
-                refused = ("unknown_fingerprint" if isinstance(res, int)
-                           else getattr(res, "reason", "malformed"))
-            self.dead_letter(rec, refused)
         if foreign:
             batch = None
+        decoded = [rec for rec, refused in todo if refused is None]
+        skewed = iter(())
+        if batch is not None and self.windowed:
+            ok = [(rec, r) for rec, r in zip(decoded, results, strict=True) if isinstance(r, int)]
+            batch, flags = self.event_times(batch, [rec for rec, _ in ok], [r for _, r in ok])
+            skewed = iter(flags.tolist())
+        outcome = iter(results)  # per record: its report count, or the DecodeError it raised
+        good, counts, keep = [], [], []  # keep: (start, stop) rows of batch folded in
+        row = 0
+        for rec, refused in todo:
+            if refused is None:
+                res = next(outcome)
+                if isinstance(res, int) and batch is not None:
+                    span, row = (row, row + res), row + res
+                    if not next(skewed, False):
+                        good.append(rec.value)
+                        counts.append(res)
+                        keep.append(span)
+                        continue
+                    refused = "event_time_skew"
+                else:
+                    refused = ("unknown_fingerprint" if isinstance(res, int)
+                               else getattr(res, "reason", "malformed"))
+            self.dead_letter(rec, refused)
         if batch is None or not good:
             return 0
+        if sum(counts) != batch.n:  # a skewed record's reports leave the batch
+            batch = concat_batches([slice_batch(batch, a, b) for a, b in keep])
         return self.fold_decoded(ps, batch, good, counts)
+
+    def event_times(self, batch: ReportBatch, records: list, counts: list) -> tuple[ReportBatch, np.ndarray]:
+        """``batch`` (the reports of ``records``, ``counts`` each, in order) with its event times,
+        and per record whether it holds one more than ``max_event_time_skew_s`` ahead of the
+        record's Kafka timestamp (bool array). A schema without a time column takes the record
+        timestamps as event times (whole seconds); a record without a timestamp counts as time 0."""
+        ts = np.fromiter(((rec.timestamp if (rec.timestamp or -1) >= 0 else 0) for rec in records),
+                         dtype=np.int64, count=len(records)) // 1000
+        if batch.event_time is None:
+            return with_event_time(batch, np.repeat(ts, counts)), np.zeros(len(records), dtype=bool)
+        n = np.asarray(counts, dtype=np.int64)
+        starts = np.cumsum(n) - n
+        latest = np.full(len(records), np.iinfo(np.int64).min)
+        has = n > 0
+        if has.any():
+            latest[has] = np.maximum.reduceat(batch.event_time, starts[has])
+        return batch, latest > ts + self.max_event_time_skew_s
 
     def fold_decoded(self, ps: PartitionState, batch: ReportBatch, values: list, counts: list) -> int:
         """Double each record's rows of ``batch`` with its own seed, update the states and count
         them; returns the batch's report count."""
         x2 = self.runtime.double_many(batch, values, counts)
+        for name in self.windowed:  # the late counter, once per (restored) state
+            st = ps.states[name]
+            if st.late_listener is None:
+                st.late_listener = self.metrics.late.labels(query=name).inc
         self.threads.update(ps.states, batch, x2)
         ps.records += len(values)
         ps.reports += batch.n

@@ -157,6 +157,9 @@ class Worker:
         (docs/benchmarks.md §3.3).
     metrics : WorkerMetrics or None
         ``None`` creates one with a private registry.
+    max_event_time_skew_s : float
+        With windowed queries: records holding an event time more than this many seconds ahead
+        of their Kafka timestamp are dead-lettered (``event_time_skew``; ≥ 0).
 
     Attributes
     ----------
@@ -193,7 +196,8 @@ class Worker:
                  dead_letter_topic: str, group_id: str, checkpoint_interval_s: float = 5.0,
                  checkpoint_reports: int = 100_000, max_record_bytes: int = 16 * 1024 * 1024,
                  coalesce: bool = True, max_poll_records: int = DEFAULT_MAX_POLL_RECORDS,
-                 overlap: bool = True, metrics: WorkerMetrics | None = None) -> None:
+                 overlap: bool = True, metrics: WorkerMetrics | None = None,
+                 max_event_time_skew_s: float = 3600.0) -> None:
         for arg, val in (("reports_topic", reports_topic), ("state_topic", state_topic),
                          ("dead_letter_topic", dead_letter_topic), ("group_id", group_id)):
             if not isinstance(val, str) or not val:
@@ -209,6 +213,8 @@ class Worker:
             raise ConfigError(f"max_record_bytes must be an integer >= 1, got {max_record_bytes!r}")
         if not (isinstance(max_poll_records, int) and max_poll_records >= 1):
             raise ConfigError(f"max_poll_records must be an integer >= 1, got {max_poll_records!r}")
+        if not (isinstance(max_event_time_skew_s, int | float) and max_event_time_skew_s >= 0):
+            raise ConfigError(f"max_event_time_skew_s must be >= 0 seconds, got {max_event_time_skew_s!r}")
         self.runtime = runtime
         self._clients = clients
         self.consumer = self.producer = self.reader = None
@@ -238,6 +244,7 @@ class Worker:
         self._last_trouble_log = 0.0
         self.max_record_bytes = int(max_record_bytes)
         self.coalesce = bool(coalesce)
+        self.max_event_time_skew_s = float(max_event_time_skew_s)
         self.threads = OverlapThreads(overlap)
         self.folder: Folder | None = None
         self.checkpoints: Checkpointer | None = None
@@ -251,7 +258,8 @@ class Worker:
             self.consumer, self.producer, self.reader = clients.consumer, clients.producer, clients.reader
             self.folder = Folder(self.runtime, self.producer, threads=self.threads, metrics=self.metrics,
                                  dead_letter_topic=self.dead_letter_topic,
-                                 max_record_bytes=self.max_record_bytes, coalesce=self.coalesce)
+                                 max_record_bytes=self.max_record_bytes, coalesce=self.coalesce,
+                                 max_event_time_skew_s=self.max_event_time_skew_s)
             self.checkpoints = Checkpointer(self.runtime, self.producer, self.consumer, owned=self.owned,
                                             threads=self.threads, lock=self.lock, metrics=self.metrics,
                                             reports_topic=self.reports_topic, state_topic=self.state_topic)
