@@ -6,7 +6,8 @@ beginning up to its end (:func:`ingest.clients.read_to_end`), decodes every reco
 ``X̃₂`` with the same per-record seed as the worker
 (:func:`aggregator.state.doubling_draws`), so batch and streaming see identical ``(X̃₁, X̃₂)``.
 :func:`analyze_query` and :func:`analyze_loss` then run the exact batch fits of
-:mod:`mechanisms.estimation` (closed forms or scipy, plug-in sandwich CI).
+:mod:`mechanisms.estimation` (closed forms or scipy, plug-in sandwich CI); :func:`analyze_windows`
+runs them per event-time window.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggregator.errors import AggregatorError, ConfigError
+from aggregator.errors import AggregatorError, ConfigError, LdpStreamError
 from ingest.batch import ReportBatch, concat_batches
 from ingest.clients import read_to_end, reader_client
 from ingest.errors import DecodeError
 from ingest.kafka import KafkaSettings
 
-__all__ = ["Replay", "analyze_loss", "analyze_query", "replay", "replay_records"]
+__all__ = ["Replay", "analyze_loss", "analyze_query", "analyze_windows", "replay", "replay_records"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class Replay:
         Every report, partitions in ascending order, offsets ascending (``None`` if empty).
     x2 : ndarray (n, d)
         Doubled numeric block, drawn per record with the worker's seed.
+        ``batch.event_time`` holds every report's event time: the record's own, or its Kafka
+        timestamp (whole seconds) for a schema without a time column.
     records : int
         Records decoded.
     skipped : dict str → int
@@ -50,13 +53,23 @@ class Replay:
     records: int = 0
     skipped: dict = field(default_factory=dict)
 
+    def rows(self, mask: np.ndarray) -> Replay:
+        """The reports where ``mask`` (bool, shape (n,)) holds, as a Replay (for one window)."""
+        from aggregator.state.windowed import split_rows
+
+        idx = np.flatnonzero(mask)
+        if idx.size == 0:
+            return Replay(None, np.empty((0, self.x2.shape[1])), 0, {})
+        return Replay(split_rows(self.batch, idx), self.x2[idx], self.records, {})
+
     @property
     def n(self) -> int:
         """Number of reports."""
         return 0 if self.batch is None else self.batch.n
 
 
-def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
+def replay_records(runtime, values: Sequence[bytes | None], timestamps: Sequence[int] | None = None,
+                   max_event_time_skew_s: float | None = None) -> Replay:
     """Decode record values and draw ``X̃₂`` per record (no Kafka).
 
     Parameters
@@ -65,13 +78,22 @@ def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
     values : sequence of bytes or None
         Record values in the order to concatenate; ``None`` (a record without a value) is
         skipped and counted under ``"empty"``, the reason the worker dead-letters it with.
+    timestamps : sequence of int or None
+        Kafka timestamps of the records (milliseconds): the event time of their reports when
+        the schema has no time column (``None``: 0).
+    max_event_time_skew_s : float or None
+        Skip (and count under ``"event_time_skew"``) a record holding an event time more than
+        this many seconds ahead of its timestamp, as the workers dead-letter it (None: keep all).
 
     Returns
     -------
     Replay
     """
+    from ingest.batch import with_event_time
+
     batches, x2s, skipped = [], [], {}
-    for v in values:
+    stamps = [0] * len(values) if timestamps is None else timestamps
+    for v, ts in zip(values, stamps, strict=True):
         if v is None:
             skipped["empty"] = skipped.get("empty", 0) + 1
             continue
@@ -82,6 +104,12 @@ def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
             continue
         if b.fingerprint != runtime.fingerprint or b.n == 0:
             continue
+        ts_s = max(0, int(ts or 0)) // 1000
+        if b.event_time is None:
+            b = with_event_time(b, np.full(b.n, ts_s, dtype=np.int64))
+        elif max_event_time_skew_s is not None and int(b.event_time.max()) > ts_s + max_event_time_skew_s:
+            skipped["event_time_skew"] = skipped.get("event_time_skew", 0) + 1
+            continue
         batches.append(b)
         x2s.append(runtime.double(b, v))
     if not batches:
@@ -89,7 +117,8 @@ def replay_records(runtime, values: Sequence[bytes | None]) -> Replay:
     return Replay(concat_batches(batches), np.concatenate(x2s, axis=0), len(batches), skipped)
 
 
-def replay(runtime, settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -> Replay:
+def replay(runtime, settings: KafkaSettings, topic: str, timeout_s: float = 120.0,
+           max_event_time_skew_s: float | None = None) -> Replay:
     """Read ``topic`` from the beginning to its current end and decode every record.
 
     Parameters
@@ -101,6 +130,8 @@ def replay(runtime, settings: KafkaSettings, topic: str, timeout_s: float = 120.
         The reports topic.
     timeout_s : float
         Give up after this many seconds (> 0).
+    max_event_time_skew_s : float or None
+        As in :func:`replay_records`.
 
     Raises
     ------
@@ -125,9 +156,11 @@ def replay(runtime, settings: KafkaSettings, topic: str, timeout_s: float = 120.
         for tp in tps:
             consumer.seek_to_beginning(tp)
         values: dict[int, list[bytes]] = {tp.partition: [] for tp in tps}
+        stamps: dict[int, list[int]] = {tp.partition: [] for tp in tps}
 
         def collect(tp, recs) -> None:
             values[tp.partition].extend(r.value for r in recs)  # None: counted "empty"
+            stamps[tp.partition].extend(r.timestamp for r in recs)
 
         read_to_end(consumer, tps, collect, timeout_s=max(0.0, deadline - time.monotonic()),
                     poll_timeout_ms=200, on_timeout=lambda: AggregatorError(
@@ -135,7 +168,60 @@ def replay(runtime, settings: KafkaSettings, topic: str, timeout_s: float = 120.
     finally:
         consumer.close()
     ordered = [v for p in sorted(values) for v in values[p]]
-    return replay_records(runtime, ordered)
+    times = [t for p in sorted(stamps) for t in stamps[p]]
+    return replay_records(runtime, ordered, times, max_event_time_skew_s)
+
+
+def analyze_windows(rep: Replay, runtime, query, window=None) -> dict:
+    """Batch re-analysis of one query per event-time window (docs/windows.md §5).
+
+    Every report with event time in ``[start, start + size)`` enters the window's fit
+    (:func:`analyze_query` on those reports; no report is late in batch).
+
+    Parameters
+    ----------
+    rep : Replay
+    runtime : aggregator.plan.PipelineRuntime
+    query : Query
+    window : aggregator.queries.WindowSpec or None
+        The windows (``None``: the query's own ``window``).
+
+    Returns
+    -------
+    dict
+        ``{"query", "window": {"size_s", "hop_s", "grace_s", "retention_s"}, "windows": [{"start",
+        "end", "start_s", "end_s", "n", "params", "value", "stderr", "ci_low", "ci_high", …} or
+        {"start", "end", …, "error"}]}`` ordered by start; windows without a report are left out.
+
+    Raises
+    ------
+    ConfigError
+        If neither the query nor ``window`` gives windows, or there are no reports.
+    """
+    from aggregator.windows import window_meta
+    from ingest.event_time import iso_utc
+
+    spec = window if window is not None else query.window
+    if spec is None:
+        raise ConfigError(f"query {query.name!r} has no window; pass one (analyze --window 1d)")
+    if rep.n == 0:
+        raise ConfigError("no reports to analyse in the reports topic")
+    plain = query.model_copy(update={"window": None})
+    size, hop = spec.size_s, spec.hop_s
+    t = rep.batch.event_time
+    pane = t - np.mod(t, hop)
+    rows = []
+    for start in sorted({int(p) - j * hop for p in np.unique(pane) for j in range(size // hop)}):
+        mask = (t >= start) & (t < start + size)
+        row = {"start": iso_utc(start), "end": iso_utc(start + size), "start_s": start,
+               "end_s": start + size}
+        try:
+            row.update(analyze_query(rep.rows(mask), runtime, plain))
+        except (LdpStreamError, ValueError, ArithmeticError) as exc:  # one window, not the others
+            row.update(query=query.name, n=int(mask.sum()), error=str(exc))
+        rows.append(row)
+    return {"query": query.name, "window": window_meta(query.model_copy(update={"window": spec})),
+            "windows": rows}
 
 
 def _columns(runtime, names: Sequence[str], what: str) -> np.ndarray:

@@ -216,7 +216,8 @@ class WindowView:
         Returns
         -------
         dict query → dict
-            ``{"query", "window": window_meta, "windows": [row, …], "horizon"}``.
+            ``{"query", "window": window_meta, "windows": [row, …], "horizon", "late"}``
+            (``late``: reports not folded because their pane had closed, summed over partitions).
         """
         parts = set(restored) | set(ends or ())
         live_keys = set()
@@ -263,7 +264,8 @@ class WindowView:
             for s in [s for s in cache if s not in starts]:
                 del cache[s]
             out[name] = {"query": name, "window": window_meta(template.query), "windows": rows,
-                         "horizon": None if horizon is None else iso_utc(horizon)}
+                         "horizon": None if horizon is None else iso_utc(horizon),
+                         "late": int(sum(states[name].late for states in restored.values()))}
         for key in [k for k in self._panes if k not in live_keys]:
             del self._panes[key]
         return out

@@ -27,6 +27,12 @@ def register(subparsers) -> None:
     p.add_argument("--fields", default=None, help="comma-separated numeric fields (columns) for --loss")
     p.add_argument("--estimator", default="dr", choices=["dr", "sdr", "sl", "naive"],
                    help="corrected loss for --loss (default dr)")
+    p.add_argument("--window", default=None, metavar="SIZE",
+                   help="re-fit every query per event-time window of this size (30s, 15m, 1h, 1d, 7d; "
+                        "aligned to the Unix epoch, UTC); default: a windowed query's own window, "
+                        "the others over all reports")
+    p.add_argument("--hop", default=None, metavar="HOP",
+                   help="with --window: hopping windows starting every HOP (SIZE a multiple of it)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to read the topic (default 120)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
@@ -40,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     """Replay and print the analyses; exit 2 on a configuration error, 1 if a query could not be
     fitted (the others are still printed)."""
     require_extra("the analyze command", "server", SERVER_MODULES)
-    from aggregator.analyze import analyze_loss, analyze_query, replay
+    from aggregator.analyze import analyze_loss, analyze_query, analyze_windows, replay
     from aggregator.config import PipelineConfig, check_loss_fields, load_custom_loss
     from aggregator.errors import AggregatorError, CLIError
     from aggregator.plan import PipelineRuntime
@@ -52,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--loss must look like 'package.module:callable', got {args.loss!r}")
     if not args.timeout > 0:
         raise CLIError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    window = _window_arg(args.window, args.hop)
     cfg = PipelineConfig.load(args.config)
     if args.loss is None:
         cfg.require_queries("nothing to analyze; pass --loss MODULE:CALLABLE --fields F1,F2 to fit a loss")
@@ -68,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
     runtime = PipelineRuntime.from_config(cfg)  # its states' own checks, before any broker contact
     if not reachable(cfg.kafka):
         raise CLIError(f"no Kafka broker reachable at {cfg.kafka.bootstrap}")
-    rep = replay(runtime, cfg.kafka, cfg.topics.reports, timeout_s=args.timeout)
+    rep = replay(runtime, cfg.kafka, cfg.topics.reports, timeout_s=args.timeout,
+                 max_event_time_skew_s=cfg.worker.max_event_time_skew_s)
     results = []
     for q in queries:  # one query that cannot be fitted (yet) must not hide the others
         try:
-            results.append(analyze_query(rep, runtime, q))
+            if window is not None or q.window is not None:
+                results.append(analyze_windows(rep, runtime, q, window))
+            else:
+                results.append(analyze_query(rep, runtime, q))
         except (AggregatorError, MechanismError, ValueError, ArithmeticError) as exc:
             results.append({"query": q.name, "error": str(exc)})
     if loss is not None:
@@ -83,11 +94,43 @@ def run(args: argparse.Namespace) -> int:
         return 1 if any("error" in r for r in results) else 0
     print(f"{rep.n} reports in {rep.records} records (undecodable: {sum(rep.skipped.values())})")
     for r in results:
-        if "error" in r:
-            print(f"\n{r['query']}  not estimable: {r['error']}")
+        if "windows" in r:
+            w = r["window"]
+            print(f"\n{r['query']}  per window of {w['size_s']} s (hop {w['hop_s']} s): "
+                  f"{len(r['windows'])} windows")
+            for row in r["windows"]:
+                _print_fit(row, indent="    ", title=f"  {row['start']} … {row['end']}")
             continue
-        print(f"\n{r['query']}  [{r.get('estimator')}, n={r['n']}, {100 * r['level']:g} % CI]")
-        for i, p in enumerate(r["params"]):
-            print(f"  {p:>20}  {_fmt(r['value'][i])}  ± {_fmt(r['stderr'][i])}  "
-                  f"[{_fmt(r['ci_low'][i])}, {_fmt(r['ci_high'][i])}]")
+        _print_fit(r, indent="  ", title=r["query"], blank=True)
     return 1 if any("error" in r for r in results) else 0
+
+
+def _print_fit(r: dict, *, indent: str, title: str, blank: bool = False) -> None:
+    """One fit (or its error) as a few lines of text."""
+    lead = "\n" if blank else ""
+    if "error" in r:
+        print(f"{lead}{title}  not estimable: {r['error']}")
+        return
+    print(f"{lead}{title}  [{r.get('estimator')}, n={r['n']}, {100 * r['level']:g} % CI]")
+    for i, p in enumerate(r["params"]):
+        print(f"{indent}{p:>20}  {_fmt(r['value'][i])}  ± {_fmt(r['stderr'][i])}  "
+              f"[{_fmt(r['ci_low'][i])}, {_fmt(r['ci_high'][i])}]")
+
+
+def _window_arg(size: str | None, hop: str | None):
+    """The ``WindowSpec`` of ``--window``/``--hop`` (None without ``--window``); one-line
+    :class:`CLIError` for a bad value."""
+    from pydantic import ValidationError
+
+    from aggregator.errors import CLIError
+    from aggregator.queries import WindowSpec, format_validation_error
+
+    if size is None:
+        if hop is not None:
+            raise CLIError("--hop needs --window")
+        return None
+    try:
+        return WindowSpec(size=size, hop=hop)
+    except ValidationError as exc:  # the first message, one line
+        key, _, msg = format_validation_error(exc).partition(": ")
+        raise CLIError(f"--{'hop' if key == 'hop' else 'window'}: {msg}") from None
