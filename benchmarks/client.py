@@ -83,7 +83,7 @@ def privatize_encode_rate(schema: TelemetrySchema, batches: list, rng) -> tuple[
         for b in batches:
             rb = p.privatize_batch(b, on_invalid="skip")
             m += rb.n
-            records.append(encode(rb))
+            records.append(encode(rb, time_resolution=schema.time_resolution_s))
         return m
 
     rate = _best_rate(run)

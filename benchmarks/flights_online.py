@@ -39,7 +39,7 @@ def records_of_flights(schema, limit: int | None, seed: int) -> tuple[list[bytes
     from ingest.codec import encode
 
     prepared = _prepare(schema, limit, rng=seed)
-    records = [encode(slice_batch(b, s, min(s + RECORD, b.n)))
+    records = [encode(slice_batch(b, s, min(s + RECORD, b.n)), time_resolution=schema.time_resolution_s)
                for b in prepared.batches for s in range(0, b.n, RECORD)]
     return records, prepared.raw
 

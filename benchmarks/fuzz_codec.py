@@ -11,7 +11,8 @@ Engines
 -------
 * ``atheris`` (libFuzzer, coverage-guided) when installed: ``python benchmarks/fuzz_codec.py
   -max_total_time=600 [corpus_dir]`` — any libFuzzer flag works; the seed corpus (valid records of
-  three schemas, one per block layout) is written to ``corpus_dir`` if it is empty.
+  four schemas: every block layout, and version-2 records with a TIME block of each width) is
+  written to ``corpus_dir`` if it is empty.
 * otherwise a ``hypothesis`` loop (mutations of the seed records plus random bytes) for
   ``--seconds`` seconds.
 
@@ -36,6 +37,7 @@ from ingest import codec  # noqa: E402
 from ingest.batch import ReportBatch  # noqa: E402
 from ingest.codec import DECODE_REASONS, encode  # noqa: E402
 from ingest.errors import DecodeError  # noqa: E402
+from ingest.event_time import MAX_EVENT_TIME  # noqa: E402
 from ingest.schema import TelemetrySchema  # noqa: E402
 from mechanisms.uldp.sparse import SparseBits  # noqa: E402
 
@@ -44,7 +46,8 @@ MAX_BYTES = 1 << 20
 
 
 def schemas() -> list[TelemetrySchema]:
-    """The flights example schema and two small schemas (uRR only; uRAP-only with k = 300)."""
+    """The flights example schema and three small schemas (uRR only; uRAP-only with k = 300; one
+    with ``[event_time]`` at a resolution of 1 h, a uRR and a uRAP field)."""
     flights = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml")
     small = TelemetrySchema.from_dict({
         "name": "fuzz_urr", "numeric": {"zero_prob": 0.1, "scale": 1.0,
@@ -55,14 +58,23 @@ def schemas() -> list[TelemetrySchema]:
         "name": "fuzz_urap",
         "categorical": [{"name": "c", "categories": [f"v{j}" for j in range(300)], "sensitive": ["v0"],
                          "mechanism": "urap", "epsilon": 1.0}]})
-    return [flights, small, wide]
+    timed = TelemetrySchema.from_dict({
+        "name": "fuzz_time", "numeric": {"zero_prob": 0.1, "scale": 1.0,
+                                         "fields": [{"name": "x", "low": 0.0, "high": 1.0}]},
+        "categorical": [{"name": "c", "categories": [f"v{j}" for j in range(5)], "sensitive": ["v0"],
+                         "mechanism": "urr", "epsilon": 1.0},
+                        {"name": "u", "categories": [f"v{j}" for j in range(12)], "sensitive": ["v0"],
+                         "mechanism": "urap", "epsilon": 1.0}],
+        "event_time": {"field": "t", "resolution": "1h"}})
+    return [flights, small, wide, timed]
 
 
 KNOWN = {s.fingerprint: s for s in schemas()}
 
 
 def seed_records(rng: np.random.Generator | None = None) -> list[bytes]:
-    """Valid records of every schema (n = 0, 1, 7; sparse and bitmap uRAP layouts)."""
+    """Valid records of every schema (n = 0, 1, 7; sparse and bitmap uRAP layouts; TIME blocks of
+    widths 1, 2 and 4, the last one reaching the latest hour before ``MAX_EVENT_TIME``)."""
     from ingest.privatizer import Privatizer
 
     rng = rng if rng is not None else np.random.default_rng(0)
@@ -74,13 +86,29 @@ def seed_records(rng: np.random.Generator | None = None) -> list[bytes]:
             for c in s.categorical:
                 values = np.asarray(list(c.categories), dtype=object)
                 cols[c.name] = values[rng.integers(0, len(values), n)]
-            out.append(encode(priv.privatize_batch(cols)))
+            if s.event_time is not None:  # 2013: offsets up to 8759 h, 2-byte offsets for n = 7
+                cols[s.event_time.field] = rng.integers(1356998400, 1388534400, n)
+            out.append(encode(priv.privatize_batch(cols), time_resolution=s.time_resolution_s))
     # an all-ones uRAP report forces the bitmap layout
     wide = schemas()[2]
     out.append(encode(ReportBatch(wide.fingerprint, np.empty((2, 0)),
                                   {"c": SparseBits.from_dense(np.ones((2, wide.categorical[0].k), bool))})))
     out.append(encode(ReportBatch(wide.fingerprint, np.empty((0, 0)),
                                   {"c": SparseBits.from_dense(np.zeros((0, wide.categorical[0].k), bool))})))
+    # TIME blocks: 1-byte offsets (a few hours), 4-byte offsets (1970 … the last whole hour before
+    # MAX_EVENT_TIME), and no report at all
+    timed = schemas()[3]
+    res = timed.time_resolution_s
+    last = MAX_EVENT_TIME // res * res
+    for t in ([1357034400, 1357038000, 1357041600], [0, last]):
+        n = len(t)
+        b = ReportBatch(timed.fingerprint, rng.uniform(0, 1, (n, 1)),
+                        {"c": rng.integers(0, 5, n).astype(np.int32),
+                         "u": SparseBits.from_dense(rng.random((n, 12)) < 0.3)}, np.array(t))
+        out.append(encode(b, time_resolution=res))
+    none = {"c": np.empty(0, np.int32), "u": SparseBits.from_dense(np.zeros((0, 12), bool))}
+    out.append(encode(ReportBatch(timed.fingerprint, np.empty((0, 1)), none, np.empty(0, np.int64)),
+                      time_resolution=res))
     return out
 
 
@@ -120,8 +148,18 @@ def check_one(data: bytes) -> str:
                 assert col.indices.size == 0 or (0 <= col.indices.min() and col.indices.max() < c.k)
             else:
                 assert col.shape == (batch.n,) and (col.size == 0 or (col.min() >= 0 and col.max() < c.k))
-        again = codec.decode(encode(batch), KNOWN, max_reports=MAX_REPORTS, max_bytes=MAX_BYTES)
+        res = schema.time_resolution_s
+        if res is None:
+            assert batch.event_time is None
+        else:
+            t = batch.event_time
+            assert t.shape == (batch.n,) and t.dtype == np.int64
+            assert t.size == 0 or (t.min() >= 0 and t.max() <= MAX_EVENT_TIME and not (t % res).any())
+        again = codec.decode(encode(batch, time_resolution=res), KNOWN, max_reports=MAX_REPORTS,
+                             max_bytes=MAX_BYTES)
         assert np.array_equal(again.numeric, batch.numeric)
+        assert (again.event_time is None) == (batch.event_time is None)
+        assert batch.event_time is None or np.array_equal(again.event_time, batch.event_time)
         for name, col in batch.categorical.items():
             other = again.categorical[name]
             if isinstance(col, SparseBits):

@@ -55,7 +55,8 @@ def bench_raw(bootstrap, schema, pool, rpr, n):
     topic = f"bench-raw-{rpr}-{time.monotonic_ns()}"
     ensure_topic(bootstrap, topic, 4)
     k = min(pool.n // rpr, 2000)
-    values = [encode(slice_batch(pool, i * rpr, (i + 1) * rpr)) for i in range(k)]
+    values = [encode(slice_batch(pool, i * rpr, (i + 1) * rpr), time_resolution=schema.time_resolution_s)
+              for i in range(k)]
     n_records = n // rpr
     prod = producer_client(KafkaSettings(bootstrap_servers=bootstrap), linger_ms=5, max_request_size=16 << 20,
                            batch_size=1 << 20)

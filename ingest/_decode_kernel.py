@@ -7,10 +7,12 @@ on the records' concatenated bytes:
 
 * :func:`scan` — every scalar check of ``codec._parse`` (size limits, magic, version, reserved
   bits, fingerprint, report count, ``d``, block count, each block's kind, widths, ``k`` and
-  length, no trailing bytes) and the number of ones of every uRAP column;
+  length, the TIME block's header of a version-2 record, no trailing bytes) and the number of
+  ones of every uRAP column;
 * :func:`fill` — every value check of ``codec._materialize`` (finite numbers, codes < k, sparse
   lengths ≤ k that add up to the positions, positions < k and strictly increasing within a
-  report, bitmap padding bits 0) while writing the columns of one batch.
+  report, bitmap padding bits 0, event times ≤ ``MAX_EVENT_TIME``) while writing the columns of
+  one batch.
 
 They only *accept* or *refuse* a record: any refusal sends the whole call back to the Python
 decoder, which names the error of each record. The contract — accept exactly what
@@ -31,8 +33,8 @@ __all__ = ["decode_bulk", "fill", "scan", "warm"]
 
 _HEADER_SIZE = codec._HEADER.size
 _BLOCK_SIZE = codec._BLOCK.size
-_VERSION = codec.FORMAT_VERSION
-_CODES, _SPARSE, _BITMAP = codec.KIND_CODES, codec.KIND_SPARSE, codec.KIND_BITMAP
+_CODES, _SPARSE, _BITMAP, _TIME = codec.KIND_CODES, codec.KIND_SPARSE, codec.KIND_BITMAP, codec.KIND_TIME
+_MAX_EVENT_TIME = codec.MAX_EVENT_TIME
 _MAGIC = np.frombuffer(codec.MAGIC, dtype=np.uint8)
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
 #: Slots after each uRAP field's positions in ``fill``'s output: a bitmap byte writes all 8.
@@ -59,14 +61,16 @@ def _good_width(w):  # pragma: no cover - compiled
 
 
 @jit(nogil=True)
-def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcount,
-         ns, lay, nnz):  # pragma: no cover - compiled
+def scan(buf, starts, fp, magic, version, d, is_codes, ks, time_res, max_reports, max_bytes, popcount,
+         ns, lay, nnz, tlay):  # pragma: no cover - compiled
     """Scalar checks of records ``r`` = ``buf[starts[r]:starts[r + 1]]``.
 
     Writes ``ns[r]`` (reports), ``lay[r, j] = (kind, width, len_width, payload offset, payload
-    length)`` and ``nnz[r, j]`` (ones of a uRAP column) per categorical field ``j``. Stops at the
-    first refused record and returns 1; returns 0 when every record passes. ``is_codes[j]`` marks
-    uRR fields (codes blocks), ``ks[j]`` is the field's k.
+    length)`` and ``nnz[r, j]`` (ones of a uRAP column) per categorical field ``j``, and for a
+    schema with event time (``time_res`` > 0 s, ``version`` 2) ``tlay[r] = (width, payload
+    offset)`` of the TIME block. Stops at the first refused record and returns 1; returns 0 when
+    every record passes. ``is_codes[j]`` marks uRR fields (codes blocks), ``ks[j]`` is the field's
+    k.
     """
     ncat = is_codes.shape[0]
     for r in range(starts.shape[0] - 1):
@@ -78,7 +82,7 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
         for i in range(4):
             if buf[a + i] != magic[i]:
                 ok = False
-        if buf[a + 4] != _VERSION or buf[a + 5] != 0 or buf[a + 6] != 0 or buf[a + 7] != 0:
+        if buf[a + 4] != version or buf[a + 5] != 0 or buf[a + 6] != 0 or buf[a + 7] != 0:
             ok = False
         for i in range(16):
             if buf[a + 8 + i] != fp[i]:
@@ -134,6 +138,19 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
             lay[r, j, 4] = plen
             nnz[r, j] = count
             pos += plen
+        if ok and time_res > 0:
+            if pos + _BLOCK_SIZE > size:
+                return 1
+            p = a + pos
+            w = np.int64(buf[p + 1])
+            pos += _BLOCK_SIZE
+            plen = _uint(buf, p + 8, 4)
+            if (buf[p] != _TIME or not _good_width(w) or buf[p + 2] != 0 or buf[p + 3] != 0
+                    or _uint(buf, p + 4, 4) != time_res or plen != 8 + n * w or pos + plen > size):
+                return 1
+            tlay[r, 0] = w
+            tlay[r, 1] = a + pos
+            pos += plen
         if not ok or pos != size:
             return 1
         ns[r] = n
@@ -142,14 +159,16 @@ def scan(buf, starts, fp, magic, d, is_codes, ks, max_reports, max_bytes, popcou
 
 @jit(nogil=True)
 def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-         popcount, bitpos, max_positions):  # pragma: no cover - compiled
+         popcount, bitpos, max_positions, tlay, time_res, event_time):  # pragma: no cover - compiled
     """Value checks and the columns of records that passed :func:`scan` (all of them).
 
     ``numeric (N, d)``, ``codes (n_codes_fields, N)`` int32, ``offsets (n_urap_fields, N + 1)``
     int64 and ``indices`` int32 (field ``s``'s positions from ``ibase[s]``, followed by 8 slots
     of slack that bitmap blocks may scribble on) are written in place; ``slot[j]`` is field
     ``j``'s row in ``codes`` or ``offsets``; ``max_positions`` bounds the positions of one sparse
-    block. Stops at the first refused record and returns 1; returns 0 when every record passes.
+    block. With ``time_res`` > 0, ``event_time (N,)`` int64 gets the Unix seconds of the TIME
+    blocks at ``tlay``. Stops at the first refused record and returns 1; returns 0 when every
+    record passes.
     """
     nurap = offsets.shape[0]
     cur = np.zeros(nurap, np.int64)  # positions written so far, per uRAP field
@@ -230,6 +249,20 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
                 cur[s] = c
             if not ok:
                 break
+        if ok and time_res > 0:
+            # base u64: an event time ≤ 2³² − 1 s needs base < 2³² (its high half 0)
+            q = tlay[r, 1]
+            w = tlay[r, 0]
+            base = _uint(buf, q, 4)
+            if _uint(buf, q + 4, 4) != 0:
+                ok = False
+            top = base
+            for i in range(n):
+                v = base + _uint(buf, q + 8 + i * w, w)
+                top = max(top, v)
+                event_time[row0 + i] = v * time_res  # < 2⁵³: base, offset < 2³², res ≤ 7 d
+            if top * time_res > _MAX_EVENT_TIME:
+                ok = False
         if not ok:
             return 1  # the caller falls back to the Python decoder for the whole call
         row0 += n
@@ -250,11 +283,12 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
 
     Returns
     -------
-    (numeric, columns, ns) or None
+    (numeric, columns, ns, event_time) or None
         ``numeric`` float64 ``(N, d)``; ``columns`` one entry per categorical field in schema
-        order — int32 codes ``(N,)`` or ``(indices int32, offsets int64 (N + 1,))`` — and ``ns``
-        int64 ``(R,)`` the reports per record. ``None`` when a record fails any check: the caller
-        decodes record by record to name the error.
+        order — int32 codes ``(N,)`` or ``(indices int32, offsets int64 (N + 1,))`` —, ``ns``
+        int64 ``(R,)`` the reports per record and ``event_time`` int64 ``(N,)`` Unix seconds
+        (None for a schema without ``[event_time]``). ``None`` when a record fails any check: the
+        caller decodes record by record to name the error.
     """
     cats = schema.categorical
     ncat = len(cats)
@@ -270,7 +304,11 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     ns = np.empty(r_count, dtype=np.int64)
     lay = np.zeros((r_count, ncat, 5), dtype=np.int64)
     nnz = np.zeros((r_count, ncat), dtype=np.int64)
-    if scan(buf, starts, fp, _MAGIC, d, is_codes, ks, max_reports, max_bytes, _POPCOUNT, ns, lay, nnz):
+    tlay = np.zeros((r_count, 2), dtype=np.int64)
+    time_res = schema.time_resolution_s or 0
+    version = codec.FORMAT_VERSION_TIME if time_res else codec.FORMAT_VERSION
+    if scan(buf, starts, fp, _MAGIC, version, d, is_codes, ks, time_res, max_reports, max_bytes,
+            _POPCOUNT, ns, lay, nnz, tlay):
         return None
     n_total = int(ns.sum())
     slot = np.empty(ncat, dtype=np.int64)
@@ -284,8 +322,9 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     offsets = np.empty((per_field.size, n_total + 1), dtype=np.int64)
     indices = np.empty(int(per_field.sum()) + _SLACK * per_field.size, dtype=np.int32)
     max_positions = int(nnz.max(initial=0))
+    event_time = np.empty(n_total if time_res else 0, dtype=np.int64)
     if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-            _POPCOUNT, _BITPOS, max_positions):
+            _POPCOUNT, _BITPOS, max_positions, tlay, time_res, event_time):
         return None
     columns = []
     for j in range(ncat):
@@ -294,7 +333,7 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
             columns.append(codes[s])
         else:
             columns.append((indices[ibase[s]:ibase[s] + per_field[s]], offsets[s]))
-    return numeric, columns, ns
+    return numeric, columns, ns, (event_time if time_res else None)
 
 
 def warm() -> None:
@@ -303,6 +342,9 @@ def warm() -> None:
     z = np.zeros(1, np.int64)
     b = np.zeros(1, np.bool_)
     lay = np.zeros((0, 1, 5), np.int64)
-    scan(buf, z, _MAGIC, _MAGIC, 0, b, z, 1, 1, _POPCOUNT, z[:0], lay, np.zeros((0, 1), np.int64))
+    tlay = np.zeros((0, 2), np.int64)
+    scan(buf, z, _MAGIC, _MAGIC, 1, 0, b, z, 0, 1, 1, _POPCOUNT, z[:0], lay, np.zeros((0, 1), np.int64),
+         tlay)
     fill(buf, z, z[:0], lay, 0, b, z, z, np.zeros((0, 0)), np.zeros((1, 0), np.int32),
-         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), _POPCOUNT, _BITPOS, 0)
+         np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), _POPCOUNT, _BITPOS, 0,
+         tlay, 0, np.zeros(0, np.int64))

@@ -1,10 +1,10 @@
 """Columnar wire format of a batch of reports (specification: docs/wire-format.md §1–§5).
 
-``encode(batch) -> bytes`` and ``decode(data, known_schemas) -> ReportBatch``. All integers are
-little-endian. Layout::
+``encode(batch, time_resolution=None) -> bytes`` and ``decode(data, known_schemas) ->
+ReportBatch``. All integers are little-endian. Layout::
 
-    header (32 bytes)  magic b"LDPR" | version u8 = 1 | flags u8 = 0 | reserved u16 = 0
-                       | fingerprint 16 bytes | n u32 | d u16 | n_cat u16
+    header (32 bytes)  magic b"LDPR" | version u8 (1, or 2 with a TIME block) | flags u8 = 0
+                       | reserved u16 = 0 | fingerprint 16 bytes | n u32 | d u16 | n_cat u16
     numeric block      n × d float64 (row-major, report after report)
     n_cat blocks       block header (12 bytes): kind u8 | width u8 | len_width u8 | reserved u8 = 0
                                                 | k u32 | payload_len u32
@@ -14,6 +14,10 @@ little-endian. Layout::
                                              positions of the ones as u{width}
                        kind 3 BITMAP (uRAP): n × ceil(k/8) bytes, bit j of a report at byte j//8,
                                              bit j%8 (LSB first); padding bits 0
+    TIME block         version 2 only (schemas with ``[event_time]``), after the categorical
+                       blocks: block header kind u8 = 4 | width u8 | 0 | 0 | resolution_s u32
+                       | payload_len u32 = 8 + n·width, then base u64 and n offsets u{width}:
+                       report i's event time is (base + offset_i) · resolution_s Unix seconds
 
 The decoder validates everything and raises a :class:`DecodeError` subclass whose ``reason``
 class attribute is a stable metric label (see :data:`DECODE_REASONS`); the subclasses are defined
@@ -46,6 +50,7 @@ from ingest.errors import (
     UnknownFingerprintError,
     UnsupportedVersionError,
 )
+from ingest.event_time import MAX_EVENT_TIME, MAX_RESOLUTION_S, iso_utc
 from ingest.schema import TelemetrySchema
 from mechanisms.uldp.sparse import SparseBits
 
@@ -56,6 +61,8 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_REPORTS",
     "FORMAT_VERSION",
+    "FORMAT_VERSION_TIME",
+    "KIND_TIME",
     "MAGIC",
     "BadLengthError",
     "BadMagicError",
@@ -76,16 +83,20 @@ __all__ = [
 ]
 
 MAGIC = b"LDPR"
+#: Header version of records of schemas without ``[event_time]``.
 FORMAT_VERSION = 1
+#: Header version of records of schemas with ``[event_time]`` (a TIME block after the others).
+FORMAT_VERSION_TIME = 2
 DEFAULT_MAX_REPORTS = 1_000_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
-KIND_CODES, KIND_SPARSE, KIND_BITMAP = 1, 2, 3
+KIND_CODES, KIND_SPARSE, KIND_BITMAP, KIND_TIME = 1, 2, 3, 4
 
 _HEADER = struct.Struct("<4sBBH16sIHH")
 _BLOCK = struct.Struct("<BBBBII")
 _UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _F8 = np.dtype("<f8")
+_U8 = struct.Struct("<Q")
 
 
 #: Every ``reason`` label a decode failure can carry.
@@ -102,26 +113,34 @@ def _width(max_value: int) -> int:
     return 1 if max_value < 1 << 8 else 2 if max_value < 1 << 16 else 4
 
 
-def encode(batch: ReportBatch) -> bytes:
+def encode(batch: ReportBatch, *, time_resolution: int | None = None) -> bytes:
     """Serialize a batch of reports into one wire record.
 
     Parameters
     ----------
     batch : ReportBatch
         ``n`` reports; numeric ``(n, d)`` finite float64; categorical int codes ≥ 0 (uRR) or
-        :class:`SparseBits` (uRAP), in schema order.
+        :class:`SparseBits` (uRAP), in schema order; ``event_time`` (int64 Unix seconds) set
+        exactly when the schema has ``[event_time]``.
+    time_resolution : int, optional
+        The schema's event-time resolution in seconds (``TelemetrySchema.time_resolution_s``);
+        required when ``batch.event_time`` is set, refused otherwise.
 
     Returns
     -------
     bytes
-        ``32 + 8·n·d + Σ blocks`` bytes (see the module docstring and docs/wire-format.md).
+        ``32 + 8·n·d + Σ blocks`` bytes (see the module docstring and docs/wire-format.md): a
+        version-1 record without event times, a version-2 record with a TIME block (12 + 8 +
+        n·width bytes, width 1, 2 or 4: the smallest that holds the largest offset) with them.
         uRAP columns use the smaller of the sparse and bitmap layouts.
 
     Raises
     ------
     SchemaError
         If the batch cannot be represented: fingerprint not 16 bytes, non-finite numbers,
-        negative codes, n ≥ 2³², d or the number of fields ≥ 2¹⁶.
+        negative codes, n ≥ 2³², d or the number of fields ≥ 2¹⁶; event times without
+        ``time_resolution`` (or the reverse), a resolution outside [1 s, 7 d], event times that
+        are not multiples of it or lie outside ``[0, MAX_EVENT_TIME]``.
     """
     if not isinstance(batch, ReportBatch):
         raise SchemaError(f"batch must be a ReportBatch, got {type(batch).__name__}")
@@ -134,7 +153,9 @@ def encode(batch: ReportBatch) -> bytes:
         raise SchemaError(f"batch too large for the wire format: n={n}, d={d}")
     if num.size and not np.isfinite(num).all():
         raise SchemaError("numeric reports must be finite to be encoded")
-    parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, fp, n, d, len(batch.categorical)),
+    time_block = _encode_time(batch.event_time, time_resolution)
+    version = FORMAT_VERSION if time_block is None else FORMAT_VERSION_TIME
+    parts = [_HEADER.pack(MAGIC, version, 0, 0, fp, n, d, len(batch.categorical)),
              num.astype(_F8, copy=False).tobytes()]
     for name, col in batch.categorical.items():
         if isinstance(col, SparseBits):
@@ -149,7 +170,44 @@ def encode(batch: ReportBatch) -> bytes:
             w = _width(top)
             payload = codes.astype(_UINT[w], copy=False).tobytes()
             parts += [_BLOCK.pack(KIND_CODES, w, 0, 0, 0, len(payload)), payload]
+    if time_block is not None:
+        parts += time_block
     return b"".join(parts)
+
+
+def _encode_time(t: np.ndarray | None, res: int | None) -> list[bytes] | None:
+    """The TIME block (header, base, offsets) of event times ``t`` at resolution ``res``, or None
+    for a batch without event times."""
+    if t is None:
+        if res is not None:
+            raise SchemaError(f"time_resolution={res!r} is given but the batch has no event_time "
+                              "(a schema with [event_time] privatizes its event times)")
+        return None
+    if res is None:
+        raise SchemaError("the batch has event times: encode needs time_resolution (the schema's "
+                          "event_time.resolution in seconds, TelemetrySchema.time_resolution_s)")
+    if isinstance(res, bool) or not isinstance(res, int | np.integer) or not 1 <= res <= MAX_RESOLUTION_S:
+        raise SchemaError(f"time_resolution must be an int of seconds in [1, {MAX_RESOLUTION_S}], "
+                          f"got {res!r}")
+    res = int(res)
+    if t.size:
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi > MAX_EVENT_TIME:
+            raise SchemaError(f"event_time must be Unix seconds in [0, {MAX_EVENT_TIME}], got "
+                              f"{lo if lo < 0 else hi}")
+        off = t // res
+        rem = t - off * res
+        if rem.any():
+            i = int(np.flatnonzero(rem)[0])
+            raise SchemaError(f"event_time of report {i} ({int(t[i])}) is not a multiple of "
+                              f"time_resolution={res} s (the privatizer rounds event times down)")
+        base = lo // res
+        off -= base
+        w = _width(hi // res - base)
+    else:
+        base, off, w = 0, t, 1
+    payload = _U8.pack(base) + off.astype(_UINT[w]).tobytes()
+    return [_BLOCK.pack(KIND_TIME, w, 0, 0, res, len(payload)), payload]
 
 
 def _encode_bits(col: SparseBits) -> list[bytes]:
@@ -206,7 +264,8 @@ def decode(data: bytes, known_schemas: Mapping[bytes, TelemetrySchema], *,
     -------
     ReportBatch
         Numeric ``(n, d)`` float64; uRR columns int32 ``(n,)``; uRAP columns :class:`SparseBits`,
-        keyed by the schema's field names in schema order.
+        keyed by the schema's field names in schema order; ``event_time`` int64 ``(n,)`` Unix
+        seconds for a schema with ``[event_time]`` (a version-2 record), else None.
 
     Raises
     ------
@@ -252,9 +311,10 @@ def decode_many(values: Sequence, known_schemas: Mapping[bytes, TelemetrySchema]
     Returns
     -------
     batch : ReportBatch or None
-        The reports of every decodable record, in order (None if there is none). One batch holds
-        one schema: a record of another known schema than the first is refused with
-        :class:`SchemaMismatchError`.
+        The reports of every decodable record, in order (None if there is none), with the event
+        times of all records in one ``event_time`` column for a schema with ``[event_time]``.
+        One batch holds one schema: a record of another known schema than the first is refused
+        with :class:`SchemaMismatchError`.
     results : list, one entry per record
         Its report count, or the :class:`DecodeError` that refused it (never raised).
     """
@@ -317,11 +377,11 @@ def _decode_compiled(values: Sequence, known: Mapping[bytes, TelemetrySchema], m
         return None
     if out is None:
         return None
-    numeric, columns, ns = out
+    numeric, columns, ns, event_time = out
     cat: dict[str, np.ndarray | SparseBits] = {}
     for f, col in zip(schema.categorical, columns, strict=True):
         cat[f.name] = col if isinstance(col, np.ndarray) else _sparse(f.name, col[0], col[1], f.k)
-    return ReportBatch(bytes(schema.fingerprint), numeric, cat), ns.tolist()
+    return ReportBatch(bytes(schema.fingerprint), numeric, cat, event_time), ns.tolist()
 
 
 def _as_view(data) -> memoryview:
@@ -340,6 +400,7 @@ class _Parsed:
     n: int
     numeric: memoryview
     blocks: list  # per categorical field: ((kind, width, len_width, k), payload)
+    time: tuple | None  # the TIME block: (width, resolution_s, payload), or None (version 1)
 
 
 def _parse(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_bytes: int) -> _Parsed:
@@ -352,14 +413,19 @@ def _parse(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_b
     magic, version, flags, reserved, fp, n, d, n_cat = _HEADER.unpack_from(mv, 0)
     if magic != MAGIC:
         raise BadMagicError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, FORMAT_VERSION_TIME):
         raise UnsupportedVersionError(f"format version {version} not supported (this decoder reads "
-                                      f"{FORMAT_VERSION})")
+                                      f"{FORMAT_VERSION} and {FORMAT_VERSION_TIME})")
     if flags or reserved:
         raise MalformedError(f"reserved header bits set: flags={flags}, reserved={reserved}")
     schema = known.get(bytes(fp))
     if schema is None:
         raise UnknownFingerprintError(f"unknown schema fingerprint {bytes(fp).hex()}")
+    et = schema.event_time
+    if (version == FORMAT_VERSION_TIME) != (et is not None):
+        want, has = ((FORMAT_VERSION_TIME, "has") if et is not None else (FORMAT_VERSION, "has no"))
+        raise SchemaMismatchError(f"record has format version {version}, schema {schema.name!r} {has} "
+                                  f"[event_time] (version {want})")
     if n > max_reports:
         raise TooLargeError(f"record declares {n} reports, more than max_reports={max_reports}")
     if d != schema.dim:
@@ -417,9 +483,33 @@ def _parse(data, known: Mapping[bytes, TelemetrySchema], max_reports: int, max_b
                 if plen != n * rb:
                     raise BadLengthError(f"field {f.name!r}: bitmap has {plen} bytes, expected {n * rb}")
         blocks.append(((kind, w, lw, k), payload))
+    time = None
+    if et is not None:
+        time, pos = _parse_time(mv, pos, n, et.resolution_s)
     if pos != size:
         raise TrailingBytesError(f"{size - pos} bytes after the last block")
-    return _Parsed(schema, bytes(fp), int(n), numeric, blocks)
+    return _Parsed(schema, bytes(fp), int(n), numeric, blocks, time)
+
+
+def _parse_time(mv: memoryview, pos: int, n: int, res_schema: int) -> tuple[tuple, int]:
+    """The TIME block at ``mv[pos:]``: ``((width, resolution_s, payload), end position)``."""
+    size = len(mv)
+    if pos + _BLOCK.size > size:
+        raise TruncatedError(f"time block: block header needs {_BLOCK.size} bytes, {size - pos} left")
+    kind, w, r1, r2, res, plen = _BLOCK.unpack_from(mv, pos)
+    pos += _BLOCK.size
+    if kind != KIND_TIME or w not in _UINT or r1 or r2:
+        raise MalformedError(f"time block: bad block header (kind={kind}, width={w}, "
+                             f"reserved={r1},{r2}; expected kind {KIND_TIME}, width 1, 2 or 4)")
+    if pos + plen > size:
+        raise TruncatedError(f"time block: payload needs {plen} bytes, {size - pos} left")
+    if res != res_schema:
+        raise SchemaMismatchError(f"time block: resolution_s={res}, the schema's event_time.resolution "
+                                  f"is {res_schema} s")
+    if plen != 8 + n * w:
+        raise BadLengthError(f"time block has {plen} bytes, expected {8 + n * w} (base and {n} "
+                             f"offsets of {w} bytes)")
+    return (w, res, mv[pos:pos + plen]), pos + plen
 
 
 def _join(views: list, dtype) -> np.ndarray:
@@ -457,7 +547,29 @@ def _materialize(parsed: list[_Parsed]) -> ReportBatch:
         parts = [(_positions(starts[m], ns[m]), _decode_group(f, j, [parsed[i] for i in m]))
                  for m in groups.values()]
         cat[f.name] = _interleave(parts, n)
-    return ReportBatch(p0.fp, numeric, cat)
+    t = _decode_times(parsed) if schema.event_time is not None else None
+    return ReportBatch(p0.fp, numeric, cat, t)
+
+
+def _decode_times(parsed: list[_Parsed]) -> np.ndarray:
+    """The event times (int64 Unix seconds) of the parsed records' TIME blocks, concatenated.
+
+    Raises
+    ------
+    OutOfRangeError
+        A record's base or an event time is after ``MAX_EVENT_TIME`` (2106-02-07T06:28:15Z).
+    """
+    out = []
+    for p in parsed:
+        w, res, payload = p.time
+        base = _U8.unpack_from(payload, 0)[0]
+        off = np.frombuffer(payload[8:], dtype=_UINT[w])
+        top = base + (int(off.max()) if off.size else 0)
+        if top * res > MAX_EVENT_TIME:
+            raise OutOfRangeError(f"time block: event time {top * res} (base {base} + offset, times "
+                                  f"{res} s) is after {iso_utc(MAX_EVENT_TIME)}")
+        out.append((off.astype(np.int64) + base) * res)
+    return out[0] if len(out) == 1 else np.concatenate(out)
 
 
 def _decode_group(f, j: int, parsed: list[_Parsed]):

@@ -13,6 +13,12 @@ class SchemaError(IngestError, ValueError):
     """A schema is invalid, or an event does not fit its schema. The message names the field."""
 
 
+class EventTimeError(SchemaError):
+    """A value of an event-time column that cannot be read as an event time
+    (``ingest.event_time``); the message names the column and the row (``time column
+    'time_hour', row 17: cannot parse '2013-13-01' as an ISO-8601 time``)."""
+
+
 class DecodeError(IngestError, ValueError):
     """A wire record could not be decoded; the subclasses below say why (``ingest.codec``).
 

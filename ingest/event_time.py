@@ -9,24 +9,29 @@ clear. Without one, the Kafka record timestamp is the event time of every report
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from ingest.errors import SchemaError
+from ingest.errors import EventTimeError
 
 __all__ = [
     "DURATION_UNITS",
     "MAX_EVENT_TIME",
+    "MAX_RESOLUTION_S",
     "EventTimeError",
     "floor_to",
     "format_duration",
+    "invalid_time_error",
     "iso_utc",
     "parse_duration",
     "parse_iso_utc",
     "to_unix_seconds",
+    "to_unix_seconds_masked",
 ]
 
 #: Seconds per duration unit: ``"30s"``, ``"15m"``, ``"1h"``, ``"1d"``, ``"7d"``, ``"2w"``.
@@ -36,10 +41,8 @@ _DURATION_RE = re.compile(r"^\s*(\d{1,9})\s*([smhdw])\s*$")
 #: Largest event time the wire format carries: 2³² − 1 s (2106-02-07T06:28:15Z).
 MAX_EVENT_TIME = (1 << 32) - 1
 
-
-class EventTimeError(SchemaError):
-    """A time value that cannot be read as an event time; the message names the field and the
-    row (``time column 'time_hour', row 17: cannot parse '2013-13-01' as an ISO-8601 time``)."""
+#: Coarsest event-time resolution a schema may declare (``[event_time] resolution``): 7 days.
+MAX_RESOLUTION_S = 7 * 86400
 
 
 def parse_duration(value: Any, name: str = "duration", *, allow_zero: bool = False) -> int:
@@ -142,69 +145,147 @@ def to_unix_seconds(column: Any, field: str) -> np.ndarray:
         For a missing, unparsable or non-finite value, or one outside
         ``[0, MAX_EVENT_TIME]`` (1970 … 2106): the message names the field and the first bad row.
     """
-    arr = np.asarray(column)
-    if arr.ndim != 1:
-        arr = arr.reshape(-1)
+    arr = _flat(column)
+    secs, valid = to_unix_seconds_masked(arr, field)
+    if not valid.all():
+        raise invalid_time_error(arr, field, int(np.flatnonzero(~valid)[0]))
+    return secs
+
+
+def to_unix_seconds_masked(column: Any, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """A time column as int64 Unix seconds (UTC) and the mask of the rows that are valid times.
+
+    The one reading of time columns: :func:`to_unix_seconds` raises on the first invalid row,
+    ``Privatizer`` (``on_invalid="skip"``) drops the invalid rows.
+
+    Parameters
+    ----------
+    column : array-like, shape (n,)
+        As in :func:`to_unix_seconds`.
+    field : str
+        The column's name (for messages of callers).
+
+    Returns
+    -------
+    secs : ndarray of int64, shape (n,)
+        Unix seconds, floored to whole seconds; 0 in invalid rows.
+    valid : ndarray of bool, shape (n,)
+        False where the value is missing (``None``, NaN, NaT, empty text), not a time (unparsable
+        text, another type) or outside ``[0, MAX_EVENT_TIME]``.
+    """
+    arr = _flat(column)
+    n = arr.shape[0]
     if arr.dtype.kind == "M":
-        nat = np.isnat(arr)
-        secs = arr.astype("datetime64[s]").astype(np.int64)
-        bad = nat
-        _check_range(secs, bad, arr, field)
-        return secs
-    if arr.dtype.kind in "iu":
-        secs = arr.astype(np.int64)
-        _check_range(secs, np.zeros(arr.shape, bool), arr, field)
-        return secs
-    if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr)
-        secs = np.floor(np.where(bad, 0.0, arr)).astype(np.int64)
-        _check_range(secs, bad, arr, field)
-        return secs
-    out = np.empty(arr.shape[0], dtype=np.int64)
-    # the common ISO layout at numpy speed; anything else value by value
-    try:
-        text = arr.astype(str)
-        stripped = np.char.rstrip(text, "Zz")
-        plain = ((np.char.str_len(stripped) >= 10) & (np.char.find(stripped, "+") < 0)
-                 & (np.char.rfind(stripped, "-") < 8))  # a date, no zone offset
-        if not plain.all():
-            raise ValueError
-        parsed = np.array(stripped, dtype="datetime64[s]")
-        if np.isnat(parsed).any():
-            raise ValueError
-        out[:] = parsed.astype(np.int64)
-    except (ValueError, TypeError):
-        for i, v in enumerate(arr):
-            out[i] = _one(v, field, i)
-    _check_range(out, np.zeros(out.shape, bool), arr, field)
-    return out
+        valid = ~np.isnat(arr)
+        secs = np.where(valid, arr, np.datetime64(0, "s")).astype("datetime64[s]").astype(np.int64)
+        valid &= (secs >= 0) & (secs <= MAX_EVENT_TIME)
+    elif arr.dtype.kind in "iu":
+        valid = (arr >= 0) & (arr <= MAX_EVENT_TIME)
+        secs = np.where(valid, arr, 0).astype(np.int64)
+    elif arr.dtype.kind == "f":
+        valid = np.isfinite(arr) & (arr >= 0) & (arr < MAX_EVENT_TIME + 1)
+        secs = np.floor(np.where(valid, arr, 0.0)).astype(np.int64)
+    else:
+        secs = np.zeros(n, dtype=np.int64)
+        valid = np.ones(n, dtype=bool)
+        # the common ISO layout at numpy speed; anything else value by value
+        try:
+            text = arr.astype(str)
+            stripped = np.char.rstrip(text, "Zz")
+            plain = ((np.char.str_len(stripped) >= 10) & (np.char.find(stripped, "+") < 0)
+                     & (np.char.find(stripped, "-") == 4)
+                     & (np.char.rfind(stripped, "-") == 7))  # YYYY-MM-DD…, no zone offset
+            if not plain.all():
+                raise ValueError
+            parsed = np.array(stripped, dtype="datetime64[s]")
+            if np.isnat(parsed).any():
+                raise ValueError
+            secs[:] = parsed.astype(np.int64)
+        except (ValueError, TypeError, OverflowError):
+            for i, v in enumerate(arr):
+                t = _one(v)
+                if t is None:
+                    valid[i] = False
+                else:
+                    secs[i] = t
+        valid &= (secs >= 0) & (secs <= MAX_EVENT_TIME)
+    secs[~valid] = 0
+    return secs, valid
 
 
-def _one(v: Any, field: str, row: int) -> int:
-    if isinstance(v, datetime):
-        return int((v if v.tzinfo else v.replace(tzinfo=UTC)).timestamp() // 1)
+def invalid_time_error(column: Any, field: str, row: int) -> EventTimeError:
+    """The error naming the field, the row and why ``column[row]`` is not an event time.
+
+    Parameters
+    ----------
+    column : array-like, shape (n,)
+        The time column.
+    field : str
+        Its name.
+    row : int
+        A row that :func:`to_unix_seconds_masked` marks invalid.
+
+    Returns
+    -------
+    EventTimeError
+        ``time column 'time_hour', row 17: cannot parse '2013-13-01' as an ISO-8601 time (e.g.
+        "2013-01-01T10:00:00Z")``; ``… row 3: missing value``; ``… row 5: 5000000000 is outside
+        1970-01-01 … 2106-02-07T06:28:15Z``; ``… row 2: True is not a time``.
+    """
+    v = _flat(column)[row]
+    where = f"time column {field!r}, row {row}"
+    if _missing(v):
+        return EventTimeError(f"{where}: missing value")
+    if isinstance(v, str | np.str_):
+        try:
+            parse_iso_utc(v, field)
+        except (ValueError, OverflowError, OSError):
+            return EventTimeError(f"{where}: cannot parse {str(v)!r} as an ISO-8601 time "
+                                  "(e.g. \"2013-01-01T10:00:00Z\")")
+    elif isinstance(v, bool | np.bool_) or not isinstance(
+            v, numbers.Real | datetime | np.datetime64):
+        return EventTimeError(f"{where}: {v!r} is not a time")
+    return EventTimeError(f"{where}: {v!r} is outside 1970-01-01 … {iso_utc(MAX_EVENT_TIME)}")
+
+
+def _flat(column: Any) -> np.ndarray:
+    arr = np.asarray(column)
+    return arr.reshape(-1) if arr.ndim != 1 else arr
+
+
+def _missing(v: Any) -> bool:
+    """None, NaN, NaT, empty text, pandas.NA / NaT."""
+    if v is None or type(v).__name__ in ("NAType", "NaTType"):
+        return True
     if isinstance(v, np.datetime64):
-        if np.isnat(v):
-            raise EventTimeError(f"time column {field!r}, row {row}: missing value")
-        return int(v.astype("datetime64[s]").astype(np.int64))
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        if not np.isfinite(v):
-            raise EventTimeError(f"time column {field!r}, row {row}: missing or non-finite value {v!r}")
-        return int(np.floor(v))
-    if v is None or (isinstance(v, str) and not v.strip()):
-        raise EventTimeError(f"time column {field!r}, row {row}: missing value")
-    try:
-        return parse_iso_utc(v, field)
-    except ValueError:
-        raise EventTimeError(f"time column {field!r}, row {row}: cannot parse {str(v)!r} as an ISO-8601 "
-                             "time (e.g. \"2013-01-01T10:00:00Z\")") from None
+        return bool(np.isnat(v))
+    if isinstance(v, float | np.floating):
+        return bool(np.isnan(v))
+    return isinstance(v, str | np.str_) and not v.strip()
 
 
-def _check_range(secs: np.ndarray, bad: np.ndarray, raw: np.ndarray, field: str) -> None:
-    bad = bad | (secs < 0) | (secs > MAX_EVENT_TIME)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise EventTimeError(f"time column {field!r}, row {row}: {raw[row]!r} is missing or outside "
-                             f"1970-01-01 … {iso_utc(MAX_EVENT_TIME)}")
+def _one(v: Any) -> int | None:
+    """Unix seconds of one value, or None if it is not a time inside ``[0, MAX_EVENT_TIME]``."""
+    if _missing(v) or isinstance(v, bool | np.bool_):
+        return None
+    if isinstance(v, datetime):
+        try:
+            t = int((v if v.tzinfo else v.replace(tzinfo=UTC)).timestamp() // 1)
+        except (ValueError, OverflowError, OSError):
+            return None
+    elif isinstance(v, np.datetime64):
+        t = int(v.astype("datetime64[s]").astype(np.int64))
+    elif isinstance(v, numbers.Integral):
+        t = int(v)
+    elif isinstance(v, numbers.Real):
+        if not math.isfinite(v):
+            return None
+        t = math.floor(v)
+    elif isinstance(v, str):
+        try:
+            t = parse_iso_utc(v)
+        except (ValueError, OverflowError, OSError):
+            return None
+    else:
+        return None
+    return t if 0 <= t <= MAX_EVENT_TIME else None

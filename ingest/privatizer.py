@@ -7,6 +7,9 @@ Stated in docs/schema.md §3, docs/mechanisms.md §1 and docs/frequency.md §2, 
 * Categorical fields: value → code (``fallback`` for unknown strings if declared) → uRR codes or
   uRAP :class:`~mechanisms.uldp.SparseBits` (``mechanisms.uldp``). PUM fields first map the
   user's personally sensitive values to a bot symbol.
+* Event time (schemas with ``[event_time]``): the time column → Unix seconds
+  (``ingest.event_time.to_unix_seconds_masked``), rounded down to the schema's resolution; it is
+  not privatized (docs/schema.md §1, §4).
 
 Both :meth:`Privatizer.privatize` (one event) and :meth:`Privatizer.privatize_batch` go through
 the same vectorised code path, so validation and clipping are identical.
@@ -27,6 +30,7 @@ import numpy as np
 
 from ingest.batch import ReportBatch
 from ingest.errors import SchemaError
+from ingest.event_time import floor_to, invalid_time_error, to_unix_seconds_masked
 from ingest.schema import CategoricalField, TelemetrySchema
 from mechanisms.rng import RngLike, as_generator
 
@@ -35,7 +39,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["INVALID_REASONS", "Privatizer", "PrivatizerStats"]
 
 #: Reasons a row can be invalid (labels of :attr:`PrivatizerStats.skipped`).
-INVALID_REASONS = ("missing", "wrong_type", "non_finite", "unknown_category")
+INVALID_REASONS = ("missing", "wrong_type", "non_finite", "unknown_category", "invalid_time")
 
 _BOT_SUFFIX = "__bot"
 
@@ -55,8 +59,9 @@ class PrivatizerStats:
     clipped : Counter[str]
         Clipped values per numeric field.
     skipped : Counter[str]
-        Rows dropped under ``on_invalid="skip"``, by reason (first failing field in schema order);
-        reasons are :data:`INVALID_REASONS`.
+        Rows dropped under ``on_invalid="skip"``, by reason (first failing field in schema order,
+        the event-time column last); reasons are :data:`INVALID_REASONS` (``invalid_time``: a
+        missing or unreadable event time, or one outside 1970 … 2106).
     skipped_by_field : Counter[str]
         The same rows by the first failing field.
     fallback : Counter[str]
@@ -126,6 +131,10 @@ class Privatizer:
         self._cat_mechs = {c.name: schema.categorical_mechanism(c.name) for c in schema.categorical}
         self._luts = {c.name: {v: i for i, v in enumerate(c.categories)} for c in schema.categorical}
         self._personal = self._check_personal(personal_sensitive or {})
+        self._time_field = schema.event_time.field if schema.event_time is not None else None
+        #: the columns read from every event: the schema's fields, then the event-time column
+        self._columns = (*schema.numeric_names, *schema.categorical_names,
+                         *((self._time_field,) if self._time_field is not None else ()))
         self.stats = PrivatizerStats()
 
     # ------------------------------------------------------------------ public API
@@ -135,24 +144,28 @@ class Privatizer:
         Parameters
         ----------
         event : mapping field name → value
-            Numeric fields: real numbers (int/float, not bool); categorical: strings. Extra keys
-            are ignored.
+            Numeric fields: real numbers (int/float, not bool); categorical: strings; the
+            event-time column (schemas with ``[event_time]``): an ISO-8601 string, a
+            ``datetime``/``datetime64`` or Unix seconds. Extra keys are ignored.
 
         Returns
         -------
         ReportBatch
-            ``n == 1``.
+            ``n == 1``; ``event_time`` set for schemas with ``[event_time]``.
 
         Raises
         ------
         SchemaError
             If a value is missing, NaN/inf, of the wrong type, or an unknown category (without
             ``fallback``); the message names the field.
+        EventTimeError
+            (a SchemaError) If the event time is missing or not a time in 1970 … 2106; the
+            message names the time column and row 0.
         """
         if not isinstance(event, Mapping):
             raise SchemaError(f"event must be a mapping of field name to value, got {type(event).__name__}")
         cols: dict[str, Any] = {}
-        for name in (*self.schema.numeric_names, *self.schema.categorical_names):
+        for name in self._columns:
             cell = np.empty(1, dtype=object)
             cell[0] = event.get(name)
             cols[name] = cell
@@ -168,28 +181,35 @@ class Privatizer:
         Parameters
         ----------
         columns : mapping str → array-like of length n, or pandas.DataFrame
-            One column per schema field (extra columns are ignored). Numeric columns may be float
-            arrays with NaN for missing values, or object arrays with None; categorical columns
-            are arrays/lists of strings (None/NaN = missing).
+            One column per schema field, and the event-time column for schemas with
+            ``[event_time]`` (extra columns are ignored). Numeric columns may be float arrays with
+            NaN for missing values, or object arrays with None; categorical columns are
+            arrays/lists of strings (None/NaN = missing); the time column holds ISO-8601 strings
+            (``"2013-01-01T10:00:00Z"``; no zone = UTC), ``datetime64``/``datetime`` values or Unix
+            seconds (``ingest.event_time.to_unix_seconds``).
         on_invalid : {"raise", "skip"}
             ``"raise"``: the first invalid value raises SchemaError naming the field and row.
-            ``"skip"``: rows with a missing / NaN / non-numeric value or an unknown category are
-            dropped and counted in :attr:`stats` by reason.
+            ``"skip"``: rows with a missing / NaN / non-numeric value, an unknown category or an
+            invalid event time are dropped and counted in :attr:`stats` by reason.
         return_mask : bool
             Also return the boolean mask (length of the input) of the rows that became reports.
 
         Returns
         -------
         ReportBatch
-            ``n`` = number of valid rows; numeric ``(n, d)`` float64 in original units.
+            ``n`` = number of valid rows; numeric ``(n, d)`` float64 in original units;
+            ``event_time`` int64 ``(n,)`` Unix seconds rounded down to the schema's resolution
+            (None without ``[event_time]``).
         mask : ndarray of bool, shape (rows,)
             Only with ``return_mask=True``.
 
         Raises
         ------
         SchemaError
-            A schema field has no column, columns differ in length, ``on_invalid`` is not
-            recognised, or (with ``"raise"``) a value is invalid.
+            A schema field or the event-time column has no column, columns differ in length,
+            ``on_invalid`` is not recognised, or (with ``"raise"``) a value is invalid; an invalid
+            event time raises :class:`~ingest.event_time.EventTimeError` naming the time column
+            and the row.
         """
         if on_invalid not in ("raise", "skip"):
             raise SchemaError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
@@ -198,9 +218,10 @@ class Privatizer:
                 f"columns must be a mapping of column name to array, got {type(columns).__name__}")
         n = None
         cols: dict[str, Any] = {}
-        for name in (*self.schema.numeric_names, *self.schema.categorical_names):
+        for name in self._columns:
             if name not in columns:
-                raise SchemaError(f"field {name!r}: no such column in the batch")
+                what = "time column" if name == self._time_field else "field"
+                raise SchemaError(f"{what} {name!r}: no such column in the batch")
             col = _as_array(columns[name], name)
             if n is None:
                 n = col.shape[0]
@@ -223,13 +244,15 @@ class Privatizer:
         valid = np.ones(n, dtype=bool)
         first_reason = np.full(n, -1, dtype=np.int8)
         first_field = np.full(n, -1, dtype=np.int16)
-        fields = [*schema.numeric_names, *schema.categorical_names]
+        fields = list(self._columns)
 
         def mark(j: int, bad: np.ndarray, reason: str) -> None:
             if not bad.any():
                 return
             if on_invalid == "raise":
                 row = int(np.flatnonzero(bad)[0])
+                if reason == "invalid_time":
+                    raise invalid_time_error(cols[fields[j]], fields[j], row)
                 raw = cols[fields[j]][row]
                 where = f" (row {row})" if n > 1 else ""
                 what = {"missing": "value is missing", "wrong_type": f"value {raw!r} is not a real number",
@@ -267,6 +290,11 @@ class Privatizer:
             else:
                 mark(j, unknown, "unknown_category")
             codes[c.name] = code
+        # event time: Unix seconds (checked like the fields), rounded down after the filter
+        t = None
+        if self._time_field is not None:
+            t, ok = to_unix_seconds_masked(cols[self._time_field], self._time_field)
+            mark(len(fields) - 1, ~ok, "invalid_time")
 
         if not valid.all():
             bad = ~valid
@@ -278,6 +306,7 @@ class Privatizer:
             codes = {k: v[valid] for k, v in codes.items()}
             cols = {k: (v[valid] if k.endswith(_BOT_SUFFIX) else v) for k, v in cols.items()}
             fallback_hits = {k: v[valid] for k, v in fallback_hits.items()}
+            t = t[valid] if t is not None else None
         for k, v in fallback_hits.items():
             if v.any():
                 self.stats.fallback[k] += int(v.sum())
@@ -306,7 +335,9 @@ class Privatizer:
                 code = self._apply_pum(c, code, cols.get(c.name + _BOT_SUFFIX))
             cat_out[c.name] = self._cat_mechs[c.name].privatize(code, self._rng)
         self.stats.reports += m
-        return ReportBatch(schema.fingerprint, released, cat_out), valid
+        if t is not None:
+            t = floor_to(t, schema.event_time.resolution_s)
+        return ReportBatch(schema.fingerprint, released, cat_out, t), valid
 
     def _category_codes(self, c: CategoricalField, col: np.ndarray):
         lut = self._luts[c.name]

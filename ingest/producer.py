@@ -3,10 +3,10 @@
 :class:`ReportProducer` accepts :class:`~ingest.batch.ReportBatch` es of any size (or raw event
 columns, privatized on the way through an :class:`~ingest.privatizer.Privatizer`), cuts and merges
 them into records of exactly ``reports_per_record`` reports (the last record of a flush may be
-shorter), encodes each with :func:`ingest.codec.encode` and sends it through a
-:class:`~ingest.kafka.Transport`. A report counts as sent only when the broker acknowledged its
-record; failures are counted and raised as :class:`~ingest.errors.ProducerError` from
-:meth:`ReportProducer.flush` / :meth:`ReportProducer.close`.
+shorter), encodes each with :func:`ingest.codec.encode` (with the schema's event-time resolution)
+and sends it through a :class:`~ingest.kafka.Transport`. A report counts as sent only when the
+broker acknowledged its record; failures are counted and raised as
+:class:`~ingest.errors.ProducerError` from :meth:`ReportProducer.flush` / :meth:`ReportProducer.close`.
 """
 
 from __future__ import annotations
@@ -164,6 +164,7 @@ class ReportProducer:
         self.topic = topic
         self.schema = schema
         self.fingerprint: bytes = schema.fingerprint
+        self._time_resolution: int | None = getattr(schema, "time_resolution_s", None)
         self.reports_per_record = int(reports_per_record)
         self.linger_s = float(linger_s)
         self.partitions = int(partitions)
@@ -247,7 +248,8 @@ class ReportProducer:
         Raises
         ------
         SchemaError
-            ``batch`` is not a ReportBatch of this schema (fingerprint mismatch).
+            ``batch`` is not a ReportBatch of this schema (fingerprint mismatch), or carries
+            event times although the schema has no ``[event_time]`` (or none although it has).
         ProducerError
             The producer is closed.
         """
@@ -258,6 +260,10 @@ class ReportProducer:
                 f"batch fingerprint {batch.fingerprint.hex()[:12]} does not match the producer's schema "
                 f"{self.fingerprint.hex()[:12]}"
             )
+        if (batch.event_time is None) != (self._time_resolution is None):
+            raise SchemaError("batch has event times but the producer's schema has no [event_time]"
+                              if batch.event_time is not None else
+                              "batch has no event times but the producer's schema has [event_time]")
         k = self._as_key(key) if key is not None else self.key
         with self._lock:
             if self._closed:
@@ -338,7 +344,7 @@ class ReportProducer:
     def _emit(self, record: ReportBatch, key: bytes | None) -> None:
         from ingest.codec import encode
 
-        value = encode(record)
+        value = encode(record, time_resolution=self._time_resolution)
         n = record.n
         with self._count_lock:
             self.stats.reports_pending += n

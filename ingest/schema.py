@@ -25,6 +25,10 @@ A :class:`TelemetrySchema` is written by hand in TOML, e.g.::
     # fallback = "other"      # unknown values map to this category instead of failing
     # personalized = { bots = 1 }   # PUM (docs/frequency.md §6): bot symbols appended to the domain
 
+    [event_time]              # optional: each report carries its event time, rounded down
+    field = "time_hour"       # the events' time column (not privatized)
+    resolution = "1h"
+
 The schema is frozen; its :attr:`TelemetrySchema.fingerprint` (16-byte blake2b of the canonical
 JSON) travels in every wire record and changes with any parameter.
 """
@@ -45,9 +49,11 @@ from pydantic import Field, ValidationError, model_validator
 from ingest._files import parse_toml, read_text_file
 from ingest._model import FrozenModel
 from ingest.errors import SchemaError
+from ingest.event_time import format_duration
 from ingest.schema_fields import (
     CategoricalField,
     ClientSettings,
+    EventTimeSetting,
     NumericField,
     NumericGroup,
     PersonalizedSetting,
@@ -59,6 +65,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CategoricalField",
     "ClientSettings",
+    "EventTimeSetting",
     "NumericField",
     "NumericGroup",
     "PersonalizedSetting",
@@ -81,13 +88,19 @@ class TelemetrySchema(FrozenModel):
         The ZIL vector; omitted when the schema has no numeric field.
     categorical : list of CategoricalField
         In wire order.
+    client : ClientSettings, optional
+        How clients draw their noise.
+    event_time : EventTimeSetting, optional
+        The events' time column and the resolution the client rounds it down to; without it the
+        Kafka record timestamp is the event time of a record's reports.
 
     Raises
     ------
     SchemaError
         On any invalid parameter; the message names the field (e.g.
         ``numeric field 'arr_delay': low must be < high``). Field names must be unique across
-        the whole schema, and a schema must have at least one field.
+        the whole schema (the event-time column included), and a schema must have at least one
+        field.
 
     Notes
     -----
@@ -102,6 +115,7 @@ class TelemetrySchema(FrozenModel):
     numeric: NumericGroup | None = None
     categorical: tuple[CategoricalField, ...] = ()
     client: ClientSettings | None = None
+    event_time: EventTimeSetting | None = None
 
     @model_validator(mode="after")
     def _whole(self) -> TelemetrySchema:
@@ -110,6 +124,9 @@ class TelemetrySchema(FrozenModel):
         if not names:
             raise ValueError(f"schema {self.name!r} has no field")
         check_unique("field names", names)
+        if self.event_time is not None and self.event_time.field in names:
+            raise ValueError(f"event_time.field {self.event_time.field!r} is also a numeric or "
+                             "categorical field: the time column must be a column of its own")
         return self
 
     # ------------------------------------------------------------------ constructors
@@ -179,6 +196,8 @@ class TelemetrySchema(FrozenModel):
                 out += ["", "[[numeric.fields]]"] + [f"{k} = {_toml(v)}" for k, v in f.items()]
         if "client" in d:
             out += ["", "[client]"] + [f"{k} = {_toml(v)}" for k, v in d["client"].items()]
+        if "event_time" in d:
+            out += ["", "[event_time]"] + [f"{k} = {_toml(v)}" for k, v in d["event_time"].items()]
         for c in d.get("categorical", []):
             out += ["", "[[categorical]]"]
             for k, v in c.items():
@@ -209,6 +228,12 @@ class TelemetrySchema(FrozenModel):
     def categorical_names(self) -> tuple[str, ...]:
         """Categorical field names in wire order."""
         return tuple(c.name for c in self.categorical)
+
+    @property
+    def time_resolution_s(self) -> int | None:
+        """Seconds of ``[event_time] resolution``, or None without ``[event_time]``: what
+        ``ingest.codec.encode`` takes as ``time_resolution`` for this schema's batches."""
+        return self.event_time.resolution_s if self.event_time is not None else None
 
     @property
     def dim(self) -> int:
@@ -320,13 +345,16 @@ class TelemetrySchema(FrozenModel):
         -------
         dict
             ``{"schema", "version", "fingerprint", "numeric": {...} | None, "categorical": {name:
-            {...}}}``. The numeric entry gives zero_prob and the exact-release statement, λ,
-            d, c_I = √d/λ (record level), c_A = 1/λ (attribute level), per-field noise std in
-            original units, and (ε, δ̃) pairs at record and attribute level. Each categorical
+            {...}}, "event_time": {...}}``. The numeric entry gives zero_prob and the
+            exact-release statement, λ, d, c_I = √d/λ (record level), c_A = 1/λ (attribute
+            level), per-field noise std in original units, and (ε, δ̃) pairs at record and
+            attribute level. Each categorical
             entry gives the mechanism, ε, the sensitive-set size and what non-sensitive reports
-            reveal.
+            reveal. ``event_time`` says what event time travels in clear with the reports:
+            ``{"field", "resolution_s", "statement"}`` — the time column and its resolution in
+            seconds, or ``None`` for both when the Kafka record timestamp is the event time.
 
-        Source: docs/privacy.md §2, docs/frequency.md §1, docs/schema.md §4.
+        Source: docs/privacy.md §1, §2, docs/frequency.md §1, docs/schema.md §4.
         """
         out: dict[str, Any] = {
             "schema": self.name,
@@ -334,6 +362,7 @@ class TelemetrySchema(FrozenModel):
             "fingerprint": self.fingerprint.hex(),
             "numeric": None,
             "categorical": {},
+            "event_time": _event_time_summary(self.event_time),
         }
         if self.numeric is not None:
             out["numeric"] = _numeric_summary(self)
@@ -360,6 +389,7 @@ def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
         # the field's own checks already start with "categorical field 'x'" / "numeric field 'x'"
         last = label.rsplit(".", 1)[-1] if label else ""
         named = bool(last) and msg.startswith(last + ":")
+        named = named or (bool(label) and msg.startswith(label + " "))
         msgs.append(f"{label}: {msg}" if label and not named else msg)
     return "invalid schema: " + "; ".join(msgs)
 
@@ -456,6 +486,18 @@ def _numeric_summary(schema: TelemetrySchema) -> dict[str, Any]:
     }
     summ["statement"] = g.summary()
     return summ
+
+
+def _event_time_summary(et: EventTimeSetting | None) -> dict[str, Any]:
+    if et is None:
+        return {"field": None, "resolution_s": None,
+                "statement": "the Kafka record timestamp, set by the producer, is the event time of "
+                             "every report of a record: it travels in clear with the record, as "
+                             "metadata not protected by the mechanisms"}
+    res = format_duration(et.resolution_s)
+    return {"field": et.field, "resolution_s": et.resolution_s,
+            "statement": f"the event time (column {et.field!r}), rounded down to {res}, travels in "
+                         "clear with every report: it is metadata, not protected by the mechanisms"}
 
 
 def _categorical_summary(c: CategoricalField) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The fields of a telemetry schema: the numeric (ZIL) block and its fields, categorical fields,
-their PUM setting, and the client settings (docs/schema.md). :class:`ingest.schema.TelemetrySchema`
-puts them together; every name here is importable from :mod:`ingest.schema`.
+their PUM setting, the client settings and the event-time setting (docs/schema.md).
+:class:`ingest.schema.TelemetrySchema` puts them together; every name here is importable from
+:mod:`ingest.schema`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from ingest._model import FrozenModel
+from ingest.event_time import MAX_RESOLUTION_S, parse_duration
 
 __all__ = [
     "CategoricalField",
     "ClientSettings",
+    "EventTimeSetting",
     "NumericField",
     "NumericGroup",
     "PersonalizedSetting",
@@ -244,6 +247,49 @@ class ClientSettings(FrozenModel):
         if v not in ("os", "secure"):
             raise ValueError(f"rng must be 'os' or 'secure', got {v!r}")
         return v
+
+
+class EventTimeSetting(FrozenModel):
+    """``[event_time]``: the column that holds each event's time, and how coarsely the client
+    sends it (docs/schema.md §1, docs/wire-format.md §3.1).
+
+    Parameters
+    ----------
+    field : str
+        The time column of the events (ISO-8601 text, ``datetime64``, ``datetime`` or Unix
+        seconds; ``ingest.event_time.to_unix_seconds``). Not a numeric or categorical field: it is
+        not privatized.
+    resolution : str
+        A duration from ``"1s"`` to ``"7d"`` (``"30s"``, ``"15m"``, ``"1h"``, ``"1d"``); the client
+        rounds every event time down to a multiple of it (Unix seconds, UTC), and the rounded
+        time travels in clear with each report.
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema` when ``resolution`` is not such a duration (the message
+        names ``event_time.resolution``) or ``field`` is also the name of a schema field.
+    """
+
+    field: str = Field(min_length=1)
+    resolution: str
+
+    @field_validator("resolution")
+    @classmethod
+    def _resolution(cls, v: str) -> str:
+        try:
+            seconds = parse_duration(v, "event_time.resolution")
+        except ValueError:
+            seconds = None
+        if seconds is None or seconds > MAX_RESOLUTION_S:
+            raise ValueError("event_time.resolution must be a duration from \"1s\" to \"7d\" like "
+                             f"\"30s\", \"15m\", \"1h\" or \"1d\", got {v!r}")
+        return v
+
+    @property
+    def resolution_s(self) -> int:
+        """The resolution in seconds (``"1h"`` → 3600)."""
+        return parse_duration(self.resolution)
 
 
 def check_unique(what: str, names: list[str]) -> None:

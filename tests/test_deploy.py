@@ -511,7 +511,7 @@ def _encoded_records(schema, n_records: int, per_record: int, seed: int) -> list
         for c in schema.categorical:
             cats = np.asarray(list(c.categories), dtype=object)
             cols[c.name] = cats[rng.integers(0, len(cats), per_record)]
-        out.append(encode(priv.privatize_batch(cols)))
+        out.append(encode(priv.privatize_batch(cols), time_resolution=schema.time_resolution_s))
     return out
 
 

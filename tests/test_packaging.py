@@ -96,7 +96,7 @@ def test_client_side_imports_and_publishes_without_the_extras():
         event = {{"arr_delay": 12.0, "dep_delay": 3.0, "distance": 1000.0, "air_time": 150.0,
                   "hour": 8.0, "carrier": "UA", "origin": "EWR", "dest": "LAX"}}
         batch = Privatizer(schema, rng=np.random.default_rng(7)).privatize(event)
-        record = encode(batch)
+        record = encode(batch, time_resolution=schema.time_resolution_s)
         back = decode(record, {{schema.fingerprint: schema}})
         KafkaSettings(bootstrap_servers="127.0.0.1:9")
         leaked = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))

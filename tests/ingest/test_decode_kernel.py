@@ -1,8 +1,9 @@
 """The compiled bulk decoder (``ingest._decode_kernel``) accepts exactly the records
 ``codec.decode`` accepts, with the same reports: every single-byte change (7 values), deletion
 (1, 2, 8 bytes) and insertion at every position of every seed record of the fuzz corpus (flights
-with bitmap/codes/sparse blocks, uRR codes, uRAP sparse and a k = 300 bitmap with padding bits),
-alone and after a good record of the same schema."""
+with bitmap/codes/sparse blocks, uRR codes, uRAP sparse, a k = 300 bitmap with padding bits, and
+version-2 records whose TIME blocks have 1-, 2- and 4-byte offsets), alone and after a good record
+of the same schema."""
 
 from __future__ import annotations
 
@@ -37,8 +38,12 @@ def _python(values, known):
 
 
 def _same(got, want):
-    numeric, columns, ns = got
+    numeric, columns, ns, event_time = got
     assert ns.tolist() == [b.n for b in want]
+    if want[0].event_time is None:
+        assert event_time is None
+    else:
+        np.testing.assert_array_equal(event_time, np.concatenate([b.event_time for b in want]))
     np.testing.assert_array_equal(numeric, np.concatenate([b.numeric for b in want]))
     for j, f in enumerate(want[0].categorical):
         cols = [b.categorical[f] for b in want]
@@ -81,3 +86,30 @@ def test_limits_are_enforced():
     assert _decode_kernel.decode_bulk([seed], schema, 7, len(seed) - 1) is None
     other = fz.KNOWN[codec.peek_header(SEEDS[2])[1]]
     assert _decode_kernel.decode_bulk([seed], other, 7, len(seed)) is None  # foreign fingerprint
+
+
+def test_version_2_seeds_are_in_the_contract():
+    """The corpus holds version-2 records with every offset width, so the contract above covers
+    the TIME block."""
+    widths = set()
+    for seed in SEEDS:
+        if seed[4] == codec.FORMAT_VERSION_TIME:
+            assert fz.KNOWN[codec.peek_header(seed)[1]].event_time is not None
+            widths.add(codec._parse(seed, fz.KNOWN, 10**6, 10**8).time[0])
+    assert widths == {1, 2, 4}
+
+
+def test_event_time_limits_in_the_compiled_path():
+    """A base whose high half is set, or one event time past MAX_EVENT_TIME, is refused by both."""
+    import struct
+
+    seed = next(s for s in SEEDS if s[4] == 2 and codec._parse(s, fz.KNOWN, 10**6, 10**8).time[0] == 4)
+    schema = fz.KNOWN[codec.peek_header(seed)[1]]
+    n = decode(seed, fz.KNOWN).n
+    base_at = len(seed) - 4 * n - 8
+    for base in (1 << 32, (1 << 32) // 3600 + 1, 1 << 63):
+        bad = bytearray(seed)
+        struct.pack_into("<Q", bad, base_at, base)
+        assert _python([bytes(bad)], fz.KNOWN) is None
+        assert _decode_kernel.decode_bulk([bytes(bad)], schema, codec.DEFAULT_MAX_REPORTS,
+                                          codec.DEFAULT_MAX_BYTES) is None

@@ -26,6 +26,10 @@ for _s in SEEDS:
 def _assert_same_batch(a, b):
     assert a.fingerprint == b.fingerprint
     np.testing.assert_array_equal(a.numeric, b.numeric)
+    assert (a.event_time is None) == (b.event_time is None)
+    if a.event_time is not None:
+        np.testing.assert_array_equal(a.event_time, b.event_time)
+        assert a.event_time.dtype == np.int64
     assert list(a.categorical) == list(b.categorical)
     for name, col in a.categorical.items():
         other = b.categorical[name]

@@ -267,3 +267,88 @@ def test_personalized_values_go_to_bot():
         Privatizer(s, personal_sensitive={"c": ["nope"]})
     with pytest.raises(SchemaError, match="bot index"):
         Privatizer(s, personal_sensitive={"c": {"y": 2}})
+
+
+# ------------------------------------------------------------------ event time
+T0 = 1357034400  # 2013-01-01T10:00:00Z
+
+
+def timed_schema(resolution="1h") -> TelemetrySchema:
+    setting = {"field": "t", "resolution": resolution}
+    return TelemetrySchema.from_dict(schema().to_dict() | {"event_time": setting})
+
+
+def test_event_time_is_read_and_rounded_down():
+    s = timed_schema()
+    times = ["2013-01-01T10:00:00Z", "2013-01-01T10:59:59Z", "2013-01-01T12:30:00+01:00",
+             "2013-01-01T06:15:00-05:00", "2013-01-01T11:00:00"]
+    cols = {k: [v] * 5 for k, v in EVENT.items()} | {"t": times}
+    b = Privatizer(s, rng=np.random.default_rng(1)).privatize_batch(cols)
+    assert b.event_time.dtype == np.int64
+    assert b.event_time.tolist() == [T0, T0, T0 + 3600, T0 + 3600, T0 + 3600]
+    q = Privatizer(timed_schema("15m"), rng=np.random.default_rng(1)).privatize_batch(
+        cols | {"t": np.array([T0 + 899, T0 + 900, T0 + 1799.5, T0 + 3600, T0 + 1], dtype=np.float64)})
+    assert q.event_time.tolist() == [T0, T0 + 900, T0 + 900, T0 + 3600, T0]
+    one = Privatizer(s, rng=np.random.default_rng(1)).privatize(dict(EVENT, t="2013-01-01T10:42:00Z"))
+    assert one.n == 1 and one.event_time.tolist() == [T0]
+
+
+def test_event_time_draws_no_randomness():
+    cols = {k: [v] * 20 for k, v in EVENT.items()}
+    plain = Privatizer(schema(), rng=np.random.default_rng(9)).privatize_batch(cols)
+    timed = Privatizer(timed_schema(), rng=np.random.default_rng(9)).privatize_batch(cols | {"t": [T0] * 20})
+    assert plain.event_time is None and timed.event_time.tolist() == [T0] * 20
+    np.testing.assert_array_equal(plain.numeric, timed.numeric)
+    assert plain.categorical["c"] == timed.categorical["c"]
+
+
+def test_invalid_event_time_raises_naming_the_column_and_row():
+    from ingest.event_time import EventTimeError
+
+    p = Privatizer(timed_schema(), rng=np.random.default_rng(0))
+    cols = {k: [v] * 4 for k, v in EVENT.items()}
+    for bad, why in [("2013-13-01", "cannot parse '2013-13-01'"), (None, "missing value"),
+                     ("2200-01-01T00:00:00Z", "'2200-01-01T00:00:00Z' is outside 1970-01-01"),
+                     (True, "True is not a time")]:
+        t = np.array(["2013-01-01T10:00:00Z"] * 4, dtype=object)
+        t[2] = bad
+        with pytest.raises(EventTimeError, match=f"^time column 't', row 2: {why}"):
+            p.privatize_batch(cols | {"t": t})
+    with pytest.raises(EventTimeError, match=r"^time column 't', row 0: missing value"):
+        p.privatize(EVENT)
+    with pytest.raises(SchemaError, match=r"^time column 't': no such column in the batch"):
+        p.privatize_batch(cols)
+    with pytest.raises(SchemaError, match="'t': column has 3 rows, expected 4"):
+        p.privatize_batch(cols | {"t": [T0] * 3})
+    # an invalid field before the time column is named first (schema order, time column last)
+    with pytest.raises(SchemaError, match="'a'"):
+        p.privatize_batch(cols | {"a": [0.1, None, 0.1, 0.1], "t": [T0, T0, "x", T0]})
+    assert p.stats.reports == 0
+
+
+def test_invalid_event_time_rows_are_skipped_and_counted():
+    p = Privatizer(timed_schema(), rng=np.random.default_rng(0))
+    n = 7
+    cols = {k: [v] * n for k, v in EVENT.items()}
+    cols["a"] = [0.1, 0.2, None, 0.4, 0.5, 0.6, 0.7]  # row 2: missing numeric (and a bad time)
+    t = [T0 + 60, "yesterday", None, T0 + 7200, -1, "2013-01-01T13:10:00Z", 2**33]
+    b, mask = p.privatize_batch(cols | {"t": t}, on_invalid="skip", return_mask=True)
+    assert mask.tolist() == [True, False, False, True, False, True, False]
+    assert b.n == 3 and b.event_time.tolist() == [T0, T0 + 7200, T0 + 10800]
+    assert p.stats.skipped == {"missing": 1, "invalid_time": 3}
+    assert p.stats.skipped_by_field == {"a": 1, "t": 3}
+    assert p.stats.rows_in == 7 and p.stats.reports == 3
+    none = p.privatize_batch({k: [v] * 2 for k, v in EVENT.items()} | {"t": [None, "x"]}, on_invalid="skip")
+    assert none.n == 0 and none.event_time.shape == (0,) and p.stats.skipped["invalid_time"] == 5
+
+
+def test_event_time_from_pandas_datetime_columns():
+    pd = pytest.importorskip("pandas")
+    p = Privatizer(timed_schema(), rng=np.random.default_rng(0))
+    frame = pd.DataFrame({k: [v] * 3 for k, v in EVENT.items()})
+    naive = pd.to_datetime(["2013-01-01 10:05", "2013-01-01 11:00", "2013-01-01 12:59"])
+    for col in (naive, naive.tz_localize("UTC"), naive.tz_localize("UTC").tz_convert("America/New_York")):
+        b = p.privatize_batch(frame.assign(t=col))
+        assert b.event_time.tolist() == [T0, T0 + 3600, T0 + 7200]
+    b = p.privatize_batch(frame.assign(t=pd.Series([naive[0], pd.NaT, naive[2]])), on_invalid="skip")
+    assert b.event_time.tolist() == [T0, T0 + 7200]

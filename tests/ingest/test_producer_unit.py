@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from ingest.batch import ReportBatch
 from ingest.codec import decode
 from ingest.errors import ConfigError, ProducerError, SchemaError
 from ingest.kafka import Transport
@@ -245,3 +246,33 @@ def test_bad_topic_and_schema(schema):
         ReportProducer("127.0.0.1:1", "", schema, transport=FakeTransport(), create_topic=False)
     with pytest.raises(ConfigError, match="schema"):
         ReportProducer("127.0.0.1:1", "r", object(), transport=FakeTransport(), create_topic=False)
+
+
+def test_event_times_travel_in_version_2_records(schema):
+    d = schema.to_dict()
+    d.pop("event_time", None)
+    plain = TelemetrySchema.from_dict(d)
+    timed = TelemetrySchema.from_dict(d | {"event_time": {"field": "time_hour", "resolution": "1h"}})
+    rng = np.random.default_rng(3)
+    cols = _events(timed, 25, rng)
+    cols["time_hour"] = np.array([f"2013-01-{1 + i % 3:02d}T{i % 24:02d}:{i:02d}:00Z" for i in range(25)],
+                                 dtype=object)
+    t = FakeTransport()
+    untimed = _batch(plain, 1, seed=0)
+    with _producer(timed, t, reports_per_record=10) as p:
+        assert p.send_events(cols) == 25
+        with pytest.raises(SchemaError, match="batch has no event times but the producer's schema has "
+                                              r"\[event_time\]"):
+            p.send(ReportBatch(timed.fingerprint, untimed.numeric, untimed.categorical))
+    records = [decode(v, {timed.fingerprint: timed}) for _, v, _ in t.sent]
+    assert [v[4] for _, v, _ in t.sent] == [2, 2, 2] and [r.n for r in records] == [10, 10, 5]
+    got = np.concatenate([r.event_time for r in records])
+    want = [1356998400 + (i % 3) * 86400 + (i % 24) * 3600 for i in range(25)]
+    assert got.tolist() == want
+    t2 = FakeTransport()
+    with _producer(plain, t2, reports_per_record=10) as p:
+        p.send(_batch(plain, 3, seed=4))
+        with pytest.raises(SchemaError, match=r"batch has event times but the producer's schema has no"):
+            b = _batch(plain, 1, seed=4)
+            p.send(ReportBatch(plain.fingerprint, b.numeric, b.categorical, np.array([0])))
+    assert t2.sent[0][1][4] == 1

@@ -249,3 +249,105 @@ def test_privacy_summary_contents():
     e = math.exp(1.0)
     assert org["reveal_prob_non_sensitive"] == pytest.approx(1 - 1 / (1 + e - 1))
     assert repr(s).startswith("TelemetrySchema(")
+
+
+# ------------------------------------------------------------------ [event_time]
+V1_SCHEMA = {"name": "v1", "numeric": {"zero_prob": 0.1, "scale": 1.0,
+                                       "fields": [{"name": "x", "low": 0.0, "high": 1.0}]},
+             "categorical": [{"name": "c", "categories": ["a", "b", "c"], "sensitive": ["a"],
+                              "mechanism": "urr", "epsilon": 1.0},
+                             {"name": "u", "categories": ["a", "b", "c", "d"], "sensitive": ["a"],
+                              "mechanism": "urap", "epsilon": 1.0}]}
+#: fingerprints computed before schemas could have [event_time]: a schema without it keeps them
+V1_FINGERPRINT = "c31355b1e9a8a5e3d86309c5a931134b"
+FLIGHTS_FINGERPRINT = "6848845b7f84f764f81fa9419db3f126"
+
+TOML_WITH_TIME = """
+name = "timed"
+
+[numeric]
+zero_prob = 0.2
+scale = 1.0
+
+[[numeric.fields]]
+name = "arr_delay"
+low = -60.0
+high = 240.0
+
+[event_time]
+field = "time_hour"
+resolution = "1h"
+"""
+
+
+def test_fingerprint_without_event_time_is_unchanged():
+    s = TelemetrySchema.from_dict(V1_SCHEMA)
+    assert s.event_time is None and s.time_resolution_s is None
+    assert "event_time" not in s.to_dict() and "event_time" not in s.canonical_json()
+    assert s.fingerprint.hex() == V1_FINGERPRINT
+
+
+def test_example_flights_fingerprint_is_unchanged():
+    d = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml").to_dict()
+    d.pop("event_time", None)  # the example without its time column: the fingerprint it always had
+    assert TelemetrySchema.from_dict(d).fingerprint.hex() == FLIGHTS_FINGERPRINT
+
+
+def test_event_time_table_round_trip_and_fingerprint():
+    s = TelemetrySchema.loads(TOML_WITH_TIME)
+    assert s.event_time.field == "time_hour" and s.event_time.resolution == "1h"
+    assert s.event_time.resolution_s == 3600 and s.time_resolution_s == 3600
+    assert s.to_dict()["event_time"] == {"field": "time_hour", "resolution": "1h"}
+    assert TelemetrySchema.loads(s.dumps_toml()) == s
+    assert "[event_time]" in s.dumps_toml()
+    assert TelemetrySchema.from_dict(json.loads(s.canonical_json())).fingerprint == s.fingerprint
+    plain = TelemetrySchema.loads(TOML_WITH_TIME.split("[event_time]")[0])
+    other = TelemetrySchema.loads(TOML_WITH_TIME.replace('"1h"', '"30m"'))
+    moved = TelemetrySchema.loads(TOML_WITH_TIME.replace('"time_hour"', '"ts"'))
+    assert len({s.fingerprint, plain.fingerprint, other.fingerprint, moved.fingerprint}) == 4
+    with_categorical = base_dict() | {"event_time": {"field": "t0", "resolution": "15m"}}
+    t = TelemetrySchema.from_dict(with_categorical)
+    assert TelemetrySchema.loads(t.dumps_toml()) == t and t.time_resolution_s == 900
+
+
+@pytest.mark.parametrize("res", ["1s", "30s", "15m", "1h", "6h", "1d", "7d", "1w"])
+def test_event_time_resolutions(res):
+    s = TelemetrySchema.loads(TOML_WITH_TIME.replace('"1h"', f'"{res}"'))
+    assert 1 <= s.time_resolution_s <= 7 * 86400
+
+
+@pytest.mark.parametrize("res", ['"1 day"', '"0s"', '"8d"', '"2w"', '"1y"', '""'])
+def test_bad_event_time_resolution_is_named(res):
+    with pytest.raises(SchemaError, match=r"^invalid schema: event_time\.resolution must be a duration "
+                                          r"from \"1s\" to \"7d\" like .*, got '") as info:
+        TelemetrySchema.loads(TOML_WITH_TIME.replace('"1h"', res))
+    assert "\n" not in str(info.value)
+    with pytest.raises(SchemaError, match=r"event_time\.resolution: Input should be a valid string"):
+        TelemetrySchema.loads(TOML_WITH_TIME.replace('"1h"', "3600"))
+
+
+def test_event_time_field_checks():
+    with pytest.raises(SchemaError, match=r"event_time\.field 'arr_delay' is also a numeric or categorical"):
+        TelemetrySchema.loads(TOML_WITH_TIME.replace('"time_hour"', '"arr_delay"'))
+    with pytest.raises(SchemaError, match=r"event_time\.field 'c' is also"):
+        TelemetrySchema.from_dict(base_dict() | {"event_time": {"field": "c", "resolution": "1h"}})
+    with pytest.raises(SchemaError, match=r"event_time\.field: Field required"):
+        TelemetrySchema.loads(TOML_WITH_TIME.replace('field = "time_hour"', ""))
+    with pytest.raises(SchemaError, match=r"event_time\.field: String should have at least 1 character"):
+        TelemetrySchema.loads(TOML_WITH_TIME.replace('"time_hour"', '""'))
+    with pytest.raises(SchemaError, match=r"event_time\.zone: Extra inputs are not permitted"):
+        TelemetrySchema.loads(TOML_WITH_TIME + 'zone = "UTC"\n')
+
+
+def test_privacy_summary_says_the_event_time_travels_in_clear():
+    timed = TelemetrySchema.loads(TOML_WITH_TIME).privacy_summary()["event_time"]
+    assert timed["field"] == "time_hour" and timed["resolution_s"] == 3600
+    assert "rounded down to 1h" in timed["statement"] and "in clear" in timed["statement"]
+    assert "not protected" in timed["statement"]
+    day = TelemetrySchema.loads(TOML_WITH_TIME.replace('"1h"', '"24h"')).privacy_summary()["event_time"]
+    assert "rounded down to 1d" in day["statement"] and day["resolution_s"] == 86400
+    plain = TelemetrySchema.from_dict(V1_SCHEMA).privacy_summary()
+    json.dumps(plain)
+    assert plain["event_time"]["field"] is None and plain["event_time"]["resolution_s"] is None
+    assert "Kafka record timestamp" in plain["event_time"]["statement"]
+    assert "in clear" in plain["event_time"]["statement"]

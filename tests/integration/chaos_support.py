@@ -38,7 +38,8 @@ def make_stream(schema, n_records: int = N_RECORDS, per_record: int = PER_RECORD
         cols[c.name] = values[rng.integers(0, len(values), m)]
     batch = Privatizer(schema, rng=rng).privatize_batch(cols)
     assert batch.n == m
-    return [encode(slice_batch(batch, i * per_record, (i + 1) * per_record)) for i in range(n_records)]
+    return [encode(slice_batch(batch, i * per_record, (i + 1) * per_record),
+                   time_resolution=schema.time_resolution_s) for i in range(n_records)]
 
 
 class Producer(threading.Thread):

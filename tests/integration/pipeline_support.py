@@ -145,7 +145,7 @@ def make_records(schema, n_records: int, per_record: int, seed: int) -> list[byt
             cols[name] = lo + (hi - lo) * rng.beta(2.0, 5.0, m)
         for name, values in cats.items():
             cols[name] = np.asarray(values, dtype=object)[rng.integers(0, len(values), m)]
-        out.append(encode(priv.privatize_batch(cols)))
+        out.append(encode(priv.privatize_batch(cols), time_resolution=schema.time_resolution_s))
     return out
 
 
