@@ -53,7 +53,7 @@ def parse_duration(value: Any, name: str = "duration", *, allow_zero: bool = Fal
     value : str or int
         ``"30s"``, ``"15m"``, ``"1h"``, ``"1d"``, ``"7d"``; an ``int`` is taken as seconds.
     name : str
-        The setting's name, for the message.
+        The setting's name, for the message (``""``: the message starts with "must be").
     allow_zero : bool
         Whether ``0`` (e.g. ``grace = "0s"``) is allowed.
 
@@ -77,7 +77,8 @@ def parse_duration(value: Any, name: str = "duration", *, allow_zero: bool = Fal
         seconds = None
     if seconds is None or seconds < 0 or (seconds == 0 and not allow_zero):
         low = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a duration {low} like \"30s\", \"15m\", \"1h\", \"1d\" or "
+        lead = f"{name} " if name else ""
+        raise ValueError(f"{lead}must be a duration {low} like \"30s\", \"15m\", \"1h\", \"1d\" or "
                          f"\"7d\", got {value!r}")
     return seconds
 
