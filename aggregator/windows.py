@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aggregator.errors import AggregatorError
-from ingest.event_time import iso_utc
+from ingest.event_time import MAX_EVENT_TIME, iso_utc
 
 __all__ = ["PartitionClock", "WindowView", "final_horizon", "latest_final", "merge_panes", "window_meta",
            "window_rows"]
@@ -46,16 +46,20 @@ class PartitionClock:
 
 def final_horizon(clocks: list[PartitionClock]) -> int | None:
     """The time up to which windows are final: the smallest watermark of the partitions that
-    are not idle (``None``: no window is final — a busy partition has no watermark yet, or every
-    partition is idle without any watermark).
+    are not idle; :data:`ingest.event_time.MAX_EVENT_TIME` when every partition is idle (no
+    partition holds a window open); ``None`` (no window is final) when a busy partition has no
+    watermark yet or there is no partition.
 
     A window ``[start, end)`` is final when ``end ≤`` this horizon.
     """
+    if not clocks:
+        return None
     busy = [c for c in clocks if not c.idle]
+    if not busy:
+        return MAX_EVENT_TIME
     if any(c.watermark is None for c in busy):
         return None
-    marks = [c.watermark for c in (busy or clocks) if c.watermark is not None]
-    return min(marks) if marks else None
+    return min(c.watermark for c in busy)
 
 
 def merge_panes(held: Mapping[int, Mapping[int, object]],

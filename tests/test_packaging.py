@@ -94,7 +94,8 @@ def test_client_side_imports_and_publishes_without_the_extras():
 
         schema = TelemetrySchema.load({str(ROOT / "examples" / "flights.schema.toml")!r})
         event = {{"arr_delay": 12.0, "dep_delay": 3.0, "distance": 1000.0, "air_time": 150.0,
-                  "hour": 8.0, "carrier": "UA", "origin": "EWR", "dest": "LAX"}}
+                  "hour": 8.0, "carrier": "UA", "origin": "EWR", "dest": "LAX",
+                  "time_hour": "2013-01-01T13:00:00Z"}}
         batch = Privatizer(schema, rng=np.random.default_rng(7)).privatize(event)
         record = encode(batch, time_resolution=schema.time_resolution_s)
         back = decode(record, {{schema.fingerprint: schema}})

@@ -15,7 +15,9 @@ def write_all(out: Path, report: dict, history: list, truth: dict, schema) -> li
     * ``estimates_over_reports.png`` — every non-frequency estimate with its 95 % CI band against
       the number of reports merged, with the non-private truth as a dashed line;
     * ``frequencies.png`` — frequency estimates (with CIs) against the true frequencies;
-    * ``tradeoff.png`` — the ZIL trade-off function of the schema's numeric group.
+    * ``tradeoff.png`` — the ZIL trade-off function of the schema's numeric group;
+    * ``windows_<query>.png`` — a one-parameter windowed query's final windows with their CI band
+      against each window's non-private truth.
     """
     import matplotlib
 
@@ -27,6 +29,12 @@ def write_all(out: Path, report: dict, history: list, truth: dict, schema) -> li
         written.append("frequencies.png")
     if _tradeoff(out / "tradeoff.png", schema):
         written.append("tradeoff.png")
+    from aggregator.demo.windows import plot_windows
+
+    for query in report.get("windows", {}):
+        name = f"windows_{query}.png"
+        if plot_windows(out / name, report, query):
+            written.append(name)
     return written
 
 

@@ -26,13 +26,17 @@ __all__ = ["LiveView", "build_report", "print_summary", "render_markdown", "writ
 
 def build_report(config, schema, estimates: dict, truth: dict, progress: _Progress, prepared: _Prepared,
                  elapsed_s: float, *, total_s: float, opts: DemoOptions, partial: bool = False,
-                 not_ready: dict | None = None) -> dict:
+                 not_ready: dict | None = None, windows: dict | None = None) -> dict:
     """Assemble ``report.json``: every estimate with CI, n, truth and whether the CI covers it;
-    queries that could not estimate yet are listed under ``not_estimated`` with the reason."""
+    queries that could not estimate yet are listed under ``not_estimated`` with the reason;
+    windowed queries under ``windows``, one row per window with its own truth
+    (:func:`aggregator.demo.windows.window_report`; ``windows``: serve's ``/windows/{query}``)."""
+    from aggregator.demo.windows import window_report
+
     rows = []
     for q in config.queries:
         e = estimates.get(q.name)
-        if not e:
+        if not e or q.window is not None:
             continue
         t = truth.get(q.name, {})
         for i, p in enumerate(e["params"]):
@@ -69,7 +73,9 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
         "estimates": rows,
         "not_estimated": [{"query": q.name, "kind": q.kind, "n": (not_ready or {}).get(q.name, {}).get("n"),
                            "reason": (not_ready or {}).get(q.name, {}).get("error", "no estimate yet")}
-                          for q in config.queries if q.name not in estimates],
+                          for q in config.queries if q.name not in estimates and q.window is None],
+        **window_report(config, schema, windows or {}, prepared.raw,
+                        None if partial else prepared.event_time),
     }
 
 
@@ -114,7 +120,7 @@ def _fmt(v, digits: int = 4) -> str:
 
 
 def render_markdown(report: dict, plots: list[str]) -> str:
-    """``report.md``: run figures, privacy summary, the estimate table and the plots."""
+    """``report.md``: run figures, privacy summary, the estimate table, the windows and the plots."""
     run, summ = report["run"], report["summary"]
     lines = ["# ldp-stream demo report" + (" (partial: interrupted)" if report.get("partial") else ""), ""]
     lines += [f"* flights read: {run['flights_read']:,}; reports sent: {run['reports_sent']:,}; "
@@ -144,6 +150,15 @@ def render_markdown(report: dict, plots: list[str]) -> str:
                      f"{'yes' if r['covered'] else ('–' if r['covered'] is None else 'no')} | {r['n']} |")
     for r in report.get("not_estimated", []):
         lines.append(f"\n*{r['query']}*: no estimate yet — {r['reason']}")
+    wins = report.get("windows_summary") or {}
+    if wins:
+        lines += ["", "## Windows (event time, UTC) against each window's non-private truth", "",
+                  "| query | windows | final | parameters judged | CI covers the truth | reports in windows "
+                  "| late reports |", "|---|---|---|---|---|---|---|"]
+        for name, w in wins.items():
+            cov = _fmt(100 * w["coverage"], 3) + " %" if w["coverage"] is not None else "–"
+            lines.append(f"| {name} | {w['windows']} | {w['final']} | {w['judged']} | {w['covered']} ({cov}) "
+                         f"| {w['reports_in_windows']:,} | {w['late'] if w['late'] is not None else '–'} |")
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"

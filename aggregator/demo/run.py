@@ -175,6 +175,7 @@ def _http_json(url: str, timeout: float = 2.0) -> Any:
 class _Prepared:
     batches: list  # list[ReportBatch]
     raw: dict[str, np.ndarray]  # clipped raw values of the sent flights (truth input)
+    event_time: np.ndarray | None  # their event times as sent (None: the schema has no time column)
     n_in: int
     n_sent: int
     skipped: dict[str, int]
@@ -191,6 +192,7 @@ def _prepare(schema, limit: int | None, chunk: int = 20_000, rng=None) -> _Prepa
 
     priv = Privatizer(schema, rng=rng)
     names = (*schema.numeric_names, *schema.categorical_names)
+    time_col = (schema.event_time.field,) if schema.event_time is not None else ()
     batches, raws = [], {n: [] for n in names}
     n_in = 0
     t0 = time.perf_counter()
@@ -199,7 +201,7 @@ def _prepare(schema, limit: int | None, chunk: int = 20_000, rng=None) -> _Prepa
         if limit is not None and n_in >= limit:
             break
         take = chunk if limit is None else min(chunk, limit - n_in)
-        cols = {n: np.asarray(cols[n])[:take] for n in names}
+        cols = {n: np.asarray(cols[n])[:take] for n in (*names, *time_col)}
         batch, keep = priv.privatize_batch(cols, on_invalid="skip", return_mask=True)
         n_in += keep.size
         batches.append(batch)
@@ -211,7 +213,8 @@ def _prepare(schema, limit: int | None, chunk: int = 20_000, rng=None) -> _Prepa
         raw[f.name] = np.clip(raw[f.name].astype(np.float64), f.low, f.high)
     n_sent = sum(b.n for b in batches)
     skipped = {k: int(v) for k, v in priv.stats.skipped.items() if v}
-    return _Prepared(batches, raw, n_in, n_sent, skipped, elapsed)
+    times = np.concatenate([b.event_time for b in batches]) if time_col and batches else None
+    return _Prepared(batches, raw, times, n_in, n_sent, skipped, elapsed)
 
 
 # --------------------------------------------------------------------------- the run
@@ -260,7 +263,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         raise DemoError(f"--output {out} exists and is not a directory")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for old in ("report.json", "report.md", "history.json", "estimates_over_reports.png",
-                "frequencies.png", "tradeoff.png"):
+                "frequencies.png", "tradeoff.png", *(p.name for p in out.glob("windows_*.png"))):
         (out / old).unlink(missing_ok=True)  # never mix two runs in one folder
     schema = TelemetrySchema.load(opts.schema_path)
     t_start = time.monotonic()
@@ -323,12 +326,15 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         final, not_ready = _wait_final(serve_url, prepared.n_sent, timeout=60)
         final = final or progress.estimates
         progress.history.append((time.monotonic() - progress.started, final))
+        windows = _wait_windows(serve_url, [q.name for q in template.queries if q.window is not None],
+                                timeout=60)
         # at least a minute after the stream, however long start-up and streaming took
         deadline = max(t_start + opts.timeout_s, time.monotonic() + 60)
         known = _join_truth(truth_thread, truth, deadline=deadline, console=console)
         report = build_report(template, schema, final, known, progress, prepared,
                               time.monotonic() - progress.started,
-                              total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready)
+                              total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready,
+                              windows=windows)
         write_outputs(out, report, progress.history, known, schema)
         print_summary(console, report, out)
         if opts.keep_running:
@@ -393,7 +399,10 @@ def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple
     worker = dict(data.get("worker", {}))
     worker.update({"group_id": f"demo-{run}", "checkpoint_interval_s": 1.0, "metrics_port": 0})
     data["worker"] = worker
-    data["serve"] = {"host": "127.0.0.1", "port": free_port(), "refresh_interval_s": 0.5}
+    # the stream ends with the replay: its partitions are idle 5 s after their last checkpoint,
+    # and the last windows final
+    data["serve"] = {"host": "127.0.0.1", "port": free_port(), "refresh_interval_s": 0.5,
+                     "window_idle_timeout_s": 5.0}
     path = Path(opts.output_dir) / "pipeline.toml"
     path.write_text("# written by `ldp-stream demo` for this run\n" + tomli_w.dumps(data))
     return path, data
@@ -536,6 +545,23 @@ def _watch(progress, n_total, workers, serve, children, opts, truth, console) ->
             time.sleep(0.5)
 
 
+def _wait_windows(serve_url: str, names: list[str], timeout: float) -> dict:
+    """Serve's ``/windows/{query}`` of each windowed query once every window is final (the
+    partitions are idle after the stream: ``window_idle_timeout_s``), or as it stands at the
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    out: dict = {}
+    while names and time.monotonic() < deadline:
+        with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+            out = {n: _http_json(f"{serve_url}/windows/{n}") for n in names}
+            if all(b.get("windows") and all(r.get("final") for r in b["windows"]) for b in out.values()):
+                return out
+        time.sleep(0.5)
+    if names:
+        log.warning("not every window was final within %.0f s", timeout)
+    return out
+
+
 def _wait_final(serve_url: str, n_total: int, timeout: float) -> tuple[dict, dict]:
     """Wait until serve's merged states cover every report (after the final checkpoints);
     returns ``(estimates, not_ready)`` as :func:`_split_payload`."""
@@ -545,7 +571,8 @@ def _wait_final(serve_url: str, n_total: int, timeout: float) -> tuple[dict, dic
     while time.monotonic() < deadline:
         with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
             est, pending = _split_payload(_http_json(serve_url + "/estimates"))
-            entries = [*est.values(), *pending.values()]
+            # a windowed query's entry is its latest window, not every report
+            entries = [e for e in (*est.values(), *pending.values()) if "window" not in e]
             if entries and all(int(e.get("n") or 0) >= n_total for e in entries):
                 return est, pending
         time.sleep(0.3)

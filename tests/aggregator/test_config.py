@@ -42,7 +42,12 @@ def test_example_pipeline_loads():
     cfg = PipelineConfig.load(EXAMPLE)
     names = [q.name for q in cfg.queries]
     assert names == ["arr_delay_mean", "arr_delay_variance", "arr_delay_quantiles", "carrier_distribution",
-                     "dest_distribution", "late_arrival_logit", "arr_on_dep_median"]
+                     "dest_distribution", "late_arrival_logit", "arr_on_dep_median",
+                     "arr_delay_mean_daily", "carrier_weekly"]
+    daily, weekly = cfg.query("arr_delay_mean_daily").window, cfg.query("carrier_weekly").window
+    assert (daily.size_s, daily.hop_s, daily.grace_s) == (86400, 86400, 6 * 3600)
+    assert (weekly.size_s, weekly.hop_s, weekly.retention_s) == (7 * 86400, 86400, 400 * 86400)
+    assert cfg.telemetry_schema.event_time.field == "time_hour"
     assert cfg.schema_path == (EXAMPLE.parent / "flights.schema.toml")
     assert cfg.telemetry_schema.name == "flights"
     assert cfg.serve.host == "127.0.0.1" and cfg.topics.partitions == 4

@@ -36,6 +36,7 @@ def make_stream(schema, n_records: int = N_RECORDS, per_record: int = PER_RECORD
     for c in schema.categorical:
         values = np.asarray(list(c.categories), dtype=object)
         cols[c.name] = values[rng.integers(0, len(values), m)]
+    cols = ps.with_event_times(schema, cols, rng, days=40.0)  # windows close while it streams
     batch = Privatizer(schema, rng=rng).privatize_batch(cols)
     assert batch.n == m
     return [encode(slice_batch(batch, i * per_record, (i + 1) * per_record),

@@ -127,6 +127,28 @@ def create_topics(bootstrap: str, cfg) -> None:
         admin.close()
 
 
+#: 2013-01-01T00:00:00Z, the start of the synthetic streams' event times.
+T0 = 1356998400
+
+
+def event_times(rng, m: int, *, days: float = 30.0, delayed: float = 0.02) -> np.ndarray:
+    """Event times (Unix seconds) of ``m`` synthetic events in stream order: increasing over
+    ``days`` from :data:`T0`, with a fraction ``delayed`` sent up to 3 days after they happened
+    (late for a 6-hour grace)."""
+    t = T0 + np.sort(rng.uniform(0.0, days * 86400.0, m))
+    late = rng.random(m) < delayed
+    t[late] -= rng.uniform(0.0, 3 * 86400.0, int(late.sum()))
+    return np.maximum(t, T0).astype(np.int64)
+
+
+def with_event_times(schema, cols: dict, rng, **kw) -> dict:
+    """``cols`` plus the schema's time column (:func:`event_times`), if it has one."""
+    if schema.event_time is not None:
+        n = len(next(iter(cols.values())))
+        cols = {**cols, schema.event_time.field: event_times(rng, n, **kw)}
+    return cols
+
+
 def make_records(schema, n_records: int, per_record: int, seed: int) -> list[bytes]:
     """``n_records`` encoded batches of ``per_record`` privatized synthetic flights."""
     from ingest.codec import encode
@@ -145,6 +167,7 @@ def make_records(schema, n_records: int, per_record: int, seed: int) -> list[byt
             cols[name] = lo + (hi - lo) * rng.beta(2.0, 5.0, m)
         for name, values in cats.items():
             cols[name] = np.asarray(values, dtype=object)[rng.integers(0, len(values), m)]
+        cols = with_event_times(schema, cols, rng)
         out.append(encode(priv.privatize_batch(cols), time_resolution=schema.time_resolution_s))
     return out
 
