@@ -5,7 +5,9 @@ scales past the partition count.
 Metric names used by the dashboard and the alert rules are checked against what a real worker and
 a real serve expose over HTTP (``WorkerMetrics`` registers every family at construction — checked
 here too — and serve's ``/metrics`` route is scraped from uvicorn on 127.0.0.1). ``docker compose
-config`` and ``promtool`` run where installed and are skipped otherwise.
+config`` and ``promtool`` run where installed and are skipped otherwise. The dashboard's layout
+(unique ids, no overlapping panels, defined variables, the same CI bands everywhere), the alert
+tests' coverage and the metric tables of docs/deploy.md are checked against the same sources.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ K8S = DEPLOY / "k8s"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "ldp-stream.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 PROM = DEPLOY / "prometheus" / "prometheus.yml"
+ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yml"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 LDP_IMAGE = "ldp-stream"
 IMAGE_ROOT = "/app"  # WORKDIR of deploy/Dockerfile: /app/<path> is <repo>/<path>
 
@@ -171,8 +175,29 @@ def exposition_families(text: str) -> tuple[set[str], set[str]]:
     return names, histograms
 
 
+def _dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+
+
+def _dashboard_panels(dash: dict) -> list[dict]:
+    """Every panel, rows and the panels of collapsed rows included, in file order."""
+    out = []
+
+    def walk(panels):
+        for p in panels:
+            out.append(p)
+            walk(p.get("panels", []))
+
+    walk(dash["panels"])
+    return out
+
+
+def _panel_exprs(panel: dict) -> str:
+    return " ".join(t["expr"] for t in panel.get("targets", []) if t.get("expr"))
+
+
 def _dashboard_exprs() -> list[str]:
-    dash = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    dash = _dashboard()
     exprs = []
 
     def walk(panels):
@@ -451,9 +476,72 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
     exprs = " ".join(_dashboard_exprs())
     for needed in ("ldp_estimate", "ldp_estimate_ci_lower", "ldp_estimate_ci_upper",
                    "rate(ldp_reports_processed_total", "ldp_consumer_lag_records",
-                   "ldp_records_dead_lettered_total", "ldp_checkpoint_duration_seconds"):
+                   "ldp_records_dead_lettered_total", "ldp_checkpoint_duration_seconds",
+                   'ldp_window_estimate{query=~"$window_query"', "ldp_window_estimate_ci_lower",
+                   "ldp_window_estimate_ci_upper", "ldp_window_estimate_stderr", "ldp_window_reports",
+                   "time() - ldp_window_end_timestamp_seconds",
+                   "sum by (query) (rate(ldp_reports_late_total[5m]))",
+                   "label_values(ldp_window_estimate, query)"):
         assert needed in exprs, needed
     assert "by (partition)" in exprs and "by (reason)" in exprs
+
+
+_GRAFANA_VARIABLES = {"__all", "__interval", "__interval_ms", "__rate_interval", "__range",
+                      "__range_s", "__dashboard", "__from", "__to", "__name", "__org", "__user"}
+
+
+def _row_of(panels: list[dict], panel: dict) -> str:
+    """Title of the row a top-level panel sits in (the last row above it)."""
+    rows = [p for p in panels if p["type"] == "row" and p["gridPos"]["y"] <= panel["gridPos"]["y"]]
+    return max(rows, key=lambda r: r["gridPos"]["y"])["title"] if rows else ""
+
+
+def test_dashboard_layout_ids_variables_and_ci_bands():
+    dash = _dashboard()
+    panels = _dashboard_panels(dash)
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), f"duplicate panel ids: {sorted(ids)}"
+    # no two panels overlap; a panel repeated horizontally fills its line up to the right edge
+    cells: dict[tuple[int, int], int] = {}
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] >= 1 and g["x"] + g["w"] <= 24, (p["id"], g)
+        right = 24 if p.get("repeat") and p.get("repeatDirection", "h") == "h" else g["x"] + g["w"]
+        for y in range(g["y"], g["y"] + g["h"]):
+            for x in range(g["x"], right):
+                assert (x, y) not in cells, f"panels {cells[(x, y)]} and {p['id']} overlap at {(x, y)}"
+                cells[(x, y)] = p["id"]
+    # every $variable used is defined (or a Grafana built-in)
+    defined = {v["name"] for v in dash["templating"]["list"]}
+    texts = [json.dumps(p) for p in panels] + [json.dumps(dash["templating"])]
+    used = {m.group(1) or m.group(2) for t in texts for m in re.finditer(r"\$\{(\w+)[^}]*\}|\$(\w+)", t)}
+    assert used - defined - _GRAFANA_VARIABLES == set(), used - defined
+    assert {p["repeat"] for p in panels if p.get("repeat")} <= defined
+    # the windowed queries have their own variables: ldp_estimate does not carry them
+    var = {v["name"]: v for v in dash["templating"]["list"]}
+    assert var["window_query"]["query"]["query"] == "label_values(ldp_window_estimate, query)"
+    assert "ldp_window_estimate{" in var["window_param"]["query"]["query"]
+    # rows: the window panels sit in the windows row, late reports in the workers row
+    top = dash["panels"]
+    titles = {p["title"] for p in top if p["type"] == "row"}
+    assert "Windows (event time)" in titles
+    for p in top:
+        e = _panel_exprs(p)
+        if "ldp_window_estimate" in e or "ldp_window_reports" in e or "ldp_window_end_timestamp" in e:
+            assert _row_of(top, p) == "Windows (event time)", p["title"]
+            assert "$window_query" in e, p["title"]
+        if "ldp_reports_late_total" in e:
+            assert _row_of(top, p).startswith("Workers"), p["title"]
+    # every panel drawing confidence bounds draws them alike: dashed, the scalar bands filled
+    ci_panels = [p for p in panels if "_ci_upper" in _panel_exprs(p)]
+    assert len(ci_panels) >= 2
+    for p in ci_panels:
+        assert p["fieldConfig"]["overrides"] == ci_panels[0]["fieldConfig"]["overrides"], p["title"]
+        legends = {t["legendFormat"] for t in p["targets"]}
+        assert {"{{param}}", "{{param}} ci_low", "{{param}} ci_high"} <= legends, p["title"]
+    fills = [(o["matcher"]["options"], pr["value"]) for o in ci_panels[0]["fieldConfig"]["overrides"]
+             for pr in o["properties"] if pr["id"] == "custom.fillBelowTo"]
+    assert fills and all(hi.endswith(" ci_high") and lo == hi[: -len("high")] + "low" for hi, lo in fills)
 
 
 def test_alert_rules_cover_the_required_conditions():
@@ -464,6 +552,24 @@ def test_alert_rules_cover_the_required_conditions():
     assert "ldp_records_dead_lettered_total" in rules["LdpDeadLetters"]["expr"]
     assert "ldp_checkpoints_total[5m]" in rules["LdpNoCheckpoint"]["expr"]
     assert 'up{job="ldp-worker"}' in rules["LdpWorkerDown"]["expr"]
+    late = rules["LdpLateReports"]
+    assert "increase(ldp_reports_late_total[10m])" in late["expr"] and "by (query)" in late["expr"]
+    assert late["labels"]["severity"] == "warning" and late.get("for")
+    assert "grace" in late["annotations"]["description"]
+    for name, rule in rules.items():
+        assert {"summary", "description"} <= set(rule["annotations"]), name
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+
+
+def test_every_alert_has_a_unit_test():
+    (doc,) = _yaml_docs(ALERTS)
+    rules = {r["alert"] for g in doc["groups"] for r in g["rules"]}
+    (tests,) = _yaml_docs(ALERT_TESTS)
+    assert tests["rule_files"] == [ALERTS.name]
+    tested = {a["alertname"] for t in tests["tests"] for a in t["alert_rule_test"]}
+    firing = {a["alertname"] for t in tests["tests"] for a in t["alert_rule_test"] if a["exp_alerts"]}
+    assert rules <= tested, f"alerts without a test in {ALERT_TESTS.name}: {sorted(rules - tested)}"
+    assert {"LdpLateReports", "LdpDeadLetters", "LdpNoCheckpoint"} <= firing
 
 
 def test_promtool_checks_config_and_alert_unit_tests():
@@ -511,24 +617,60 @@ def _encoded_records(schema, n_records: int, per_record: int, seed: int) -> list
         for c in schema.categorical:
             cats = np.asarray(list(c.categories), dtype=object)
             cols[c.name] = cats[rng.integers(0, len(cats), per_record)]
+        if schema.event_time is not None:  # one hour of 2013 per record
+            cols[schema.event_time.field] = np.full(per_record, 1356998400 + 3600 * len(out))
         out.append(encode(priv.privatize_batch(cols), time_resolution=schema.time_resolution_s))
     return out
 
 
+#: Windowed queries of the demo pipeline (docs/windows.md §2), added to the deploy config's
+#: queries by ``serve_exposition`` where it does not have them.
+_WINDOWED_QUERIES = (
+    {"kind": "mean", "name": "arr_delay_mean_daily", "field": "arr_delay",
+     "window": {"size": "1d", "grace": "6h"}},
+    {"kind": "frequency", "name": "carrier_weekly", "field": "carrier",
+     "window": {"size": "7d", "hop": "1d", "grace": "6h"}},
+)
+#: Event time of the reports of record i: 2013-01-01T01:00:00Z + i days.
+_DAY0 = 1_356_998_400
+
+
+def _record_event_time(i: int) -> int:
+    return _DAY0 + i * 86_400 + 3_600
+
+
 @pytest.fixture(scope="module")
-def serve_exposition():
-    """Scrape ``GET /metrics`` of serve's app (uvicorn on 127.0.0.1) holding real estimates."""
+def serve_runtime():
+    """The deploy config's runtime, with the demo's windowed queries if it has none."""
     from aggregator.config import PipelineConfig
+    from aggregator.worker import PipelineRuntime
+
+    data = _pipeline()
+    have = {q["name"] for q in data["queries"]}
+    if not any("window" in q for q in data["queries"]):
+        data["queries"] = [*data["queries"], *(dict(q) for q in _WINDOWED_QUERIES if q["name"] not in have)]
+    runtime = PipelineRuntime.from_config(PipelineConfig.from_dict(data, base_dir=CONFIG.parent))
+    assert runtime.windowed
+    return runtime
+
+
+@pytest.fixture(scope="module")
+def serve_exposition(serve_runtime):
+    """Scrape ``GET /metrics`` of serve's app (uvicorn on 127.0.0.1) holding real estimates and,
+    for the windowed queries, final windows: record i holds 200 reports at event time
+    :func:`_record_event_time` (set as the worker sets it), one partition, no reports topic (the
+    partition holds windows open until its watermark passes them)."""
     from aggregator.metrics import read_metrics
     from aggregator.serve import EstimateStore, build_app
-    from aggregator.worker import PartitionState, PipelineRuntime
+    from aggregator.worker import PartitionState
+    from ingest.batch import with_event_time
 
-    cfg = PipelineConfig.load(CONFIG)
-    runtime = PipelineRuntime.from_config(cfg)
+    runtime = serve_runtime
     records = _encoded_records(runtime.schema, n_records=4, per_record=200, seed=20240)
     st = PartitionState(0, len(records), runtime.new_states(), reports=200 * len(records))
-    for r in records:
+    for i, r in enumerate(records):
         b = runtime.decode(r)
+        b = with_event_time(b, np.full(b.n, _record_event_time(i), dtype=np.int64))
         x2 = runtime.double(b, r)
         for s in st.states.values():
             s.update(b, x2)
@@ -546,6 +688,46 @@ def test_serve_exposes_estimate_gauges(serve_exposition):
     assert re.search(sample, serve_exposition, re.M)
 
 
+def test_serve_exposes_the_latest_final_window(serve_runtime, serve_exposition):
+    from aggregator.metrics import metric_value
+
+    last = _record_event_time(3)
+    for name in serve_runtime.windowed:
+        w = serve_runtime.queries[name].window
+        end = (last - w.grace_s) // w.hop_s * w.hop_s  # the last window end at or before the watermark
+        n = 200 * sum(end - w.size_s <= _record_event_time(i) < end for i in range(4))
+        label = f'query="{name}"'
+        assert metric_value(serve_exposition, "ldp_window_end_timestamp_seconds", label) == end, name
+        assert metric_value(serve_exposition, "ldp_window_reports", label) == n, name
+        for gauge in ("ldp_window_estimate", "ldp_window_estimate_stderr", "ldp_window_estimate_ci_lower",
+                      "ldp_window_estimate_ci_upper"):
+            assert re.search(rf'^{gauge}\{{param="[^"]+",{label}\}} [-+0-9.e]+$', serve_exposition, re.M), \
+                (gauge, name)
+        # a windowed query has no cumulative gauges: the dashboard's $query never lists it
+        assert not re.search(rf'^ldp_estimate\{{param="[^"]+",{label}\}}', serve_exposition, re.M), name
+
+
+def _documented_metrics(table: str) -> set[str]:
+    """Metric names in the first column of the docs/deploy.md table headed ``| metric (table) |``."""
+    text = DEPLOY_DOC.read_text(encoding="utf-8")
+    block = text.split(f"| metric ({table}) |", 1)[1].split("\n\n", 1)[0]
+    names = set()
+    for line in block.splitlines()[2:]:
+        first = line.split("|")[1]
+        names.update(re.findall(r"`(ldp_\w+)", first))
+    return names
+
+
+def test_the_metric_tables_of_deploy_md_match_the_expositions(worker_exposition, serve_exposition):
+    w_names, w_hist = exposition_families(worker_exposition)
+    s_names, s_hist = exposition_families(serve_exposition)
+    worker_doc, serve_doc = _documented_metrics("worker"), _documented_metrics("serve")
+    assert worker_doc - w_names == set(), "documented as a worker metric, not exposed by a worker"
+    assert serve_doc - s_names == set(), "documented as a serve metric, not exposed by serve"
+    exposed = {family_name(n, w_hist | s_hist) for n in w_names | s_names if not n.endswith("_created")}
+    assert exposed - worker_doc - serve_doc == set(), "exposed but not in docs/deploy.md, \"Metrics\""
+
+
 def test_dashboard_and_alert_metric_names_are_registered(worker_exposition, serve_exposition):
     w_names, w_hist = exposition_families(worker_exposition)
     s_names, s_hist = exposition_families(serve_exposition)
@@ -561,6 +743,8 @@ def test_dashboard_and_alert_metric_names_are_registered(worker_exposition, serv
     assert not unknown, f"metric names not exposed by worker or serve: {unknown}"
     # the worker-side names really come from the worker, the estimates from serve
     assert "ldp_reports_processed_total" in w_names and "ldp_estimate" in s_names
+    assert {"ldp_reports_late_total", "ldp_window_pane_records_total"} <= w_names
+    assert {"ldp_window_estimate", "ldp_window_end_timestamp_seconds", "ldp_window_reports"} <= s_names
 
 
 # ---------------------------------------------------------------------------------- Kubernetes
