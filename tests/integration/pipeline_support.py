@@ -194,9 +194,23 @@ def produce(bootstrap: str, topic: str, records: list[bytes], partitions: int, *
 def reference_pass(runtime, records_by_partition: dict[int, list[bytes]], coalesce: bool = False) -> dict:
     """Single in-process pass: per partition, per record (or one coalesced update), then merge
     the partitions in ascending order — the same arithmetic the worker + serve perform."""
+    merged: dict = {}
+    for _p, states in sorted(reference_states(runtime, records_by_partition, coalesce).items()):
+        for name, st in states.items():
+            if name in merged:
+                merged[name].merge(st)
+            else:
+                merged[name] = st
+    return merged
+
+
+def reference_states(runtime, records_by_partition: dict[int, list[bytes]], coalesce: bool = False) -> dict:
+    """The states of each partition after a single in-process pass over its records (per record,
+    or one coalesced update), with event times from the records (the synthetic records carry
+    their own; Kafka timestamps are not known here): ``{partition: {query: state}}``."""
     from aggregator.worker import concat_batches
 
-    merged: dict = {}
+    out: dict = {}
     for p in sorted(records_by_partition):
         states = runtime.new_states()
         batches = []
@@ -213,12 +227,29 @@ def reference_pass(runtime, records_by_partition: dict[int, list[bytes]], coales
             x2 = np.concatenate([x for _, x in batches])
             for st in states.values():
                 st.update(b, x2)
-        for name, st in states.items():
-            if name in merged:
-                merged[name].merge(st)
+        out[p] = states
+    return out
+
+
+def read_state(bootstrap: str, state_topic: str, pipeline: str) -> tuple[dict, dict]:
+    """The latest checkpoint per partition and the closed window panes of the state topic:
+    ``({partition: Checkpoint}, {(partition, query, pane start): state bytes})``."""
+    from aggregator.checkpoint import Checkpoint, StateTopicReader, parse_state_key
+
+    reader = StateTopicReader.connect(KafkaSettings(bootstrap_servers=bootstrap), state_topic, pipeline,
+                                      panes=True)
+    try:
+        reader.catch_up(30)
+        cks, panes = {}, {}
+        for key, value in reader.latest.items():
+            _, part, query, start = parse_state_key(key)
+            if query is None:
+                cks[part] = Checkpoint.from_bytes(value)
             else:
-                merged[name] = st
-    return merged
+                panes[(part, query, start)] = value
+        return cks, panes
+    finally:
+        reader.close()
 
 
 def read_checkpoints(bootstrap: str, state_topic: str, pipeline: str | None = None) -> dict:

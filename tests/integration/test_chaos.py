@@ -1,9 +1,10 @@
 """Chaos tests against the real Tansu broker (exactly-once: docs/reliability.md §1, §3).
 
-Each test streams 10⁵ privatized reports (1000 records of 100) over 4 partitions while faults are
-injected, and ends with the final merged checkpoint state **bit-identical** to a clean single pass
-over the same logs (``--no-coalesce`` workers: record-by-record updates), with equal report
-counts:
+Each test streams 10⁵ privatized reports (1000 records of 100, 40 days of event time) over 4
+partitions while faults are injected, and ends with the final merged checkpoint state
+**bit-identical** to a clean single pass over the same logs (``--no-coalesce`` workers:
+record-by-record updates), with equal report counts; the windowed queries' panes (held by the
+checkpoints or published under their own keys), late counts and window estimates too:
 
 * ``test_sigkill_at_five_seeded_moments`` — the worker process is SIGKILLed at 5 seeded random
   moments (after a seeded number of processed reports plus a seeded delay) and restarted;
@@ -45,7 +46,8 @@ def stream():
 
 def _setup(tmp_path, bootstrap, topic_name, **kw):
     cfg_path = ps.write_config(tmp_path, bootstrap, topic_name, partitions=cs.PARTITIONS,
-                               checkpoint_interval_s=kw.pop("checkpoint_interval_s", 0.3), **kw)
+                               checkpoint_interval_s=kw.pop("checkpoint_interval_s", 0.3),
+                               extra_queries=kw.pop("extra_queries", cs.WINDOWED_QUERIES), **kw)
     cfg = PipelineConfig.load(cfg_path)
     ps.create_topics(bootstrap, cfg)
     return cfg_path, cfg, PipelineRuntime.from_config(cfg)
