@@ -49,6 +49,8 @@ WORKER_METRIC_NAMES: tuple[str, ...] = (
     "ldp_offset_gap_records_total",
     "ldp_state_records_invalid_total",
     "ldp_owned_partitions",
+    "ldp_reports_late_total",
+    "ldp_window_pane_records_total",
 )
 #: Exposed family names of :class:`ServeMetrics`.
 SERVE_METRIC_NAMES: tuple[str, ...] = (
@@ -57,6 +59,13 @@ SERVE_METRIC_NAMES: tuple[str, ...] = (
     "ldp_estimate_ci_lower",
     "ldp_estimate_ci_upper",
     "ldp_estimate_reports",
+    "ldp_estimate_hessian_guard",
+    "ldp_window_estimate",
+    "ldp_window_estimate_stderr",
+    "ldp_window_estimate_ci_lower",
+    "ldp_window_estimate_ci_upper",
+    "ldp_window_reports",
+    "ldp_window_end_timestamp_seconds",
     "ldp_state_records_invalid_total",
     "ldp_state_partitions",
     "ldp_state_topic_last_contact_timestamp_seconds",
