@@ -263,3 +263,171 @@ def test_a_resolved_custom_loss_is_used_and_restoring_imports_no_user_code(schem
     with pytest.raises(ConfigError, match="only for custom queries"):
         state_from_bytes(build_state(QUERIES[3], schema).to_bytes(), parse_query(QUERIES[3]), schema,
                          loss=loss)
+
+
+# ------------------------------------------------------------------ windowed variants
+# Every kind also runs with a window (aggregator.state.windowed.WindowedState: one state of the
+# kind per pane). The reports get event times over 4 days in time order (no late report), so the
+# 2-day windows hopping by a day hold ~2000 reports and the latest closed one is [T0+1d, T0+3d).
+_DAY = 86400
+_T0 = 1_356_998_400  # 2013-01-01T00:00:00Z, a multiple of the hop
+_WINDOW = {"size": "2d", "hop": "1d", "grace": "1h"}
+WINDOWED = [{**q, "name": f"{q['name']}_w", "window": _WINDOW} for q in QUERIES]
+WIDS = [q["name"] for q in WINDOWED]
+
+
+@pytest.fixture(scope="module")
+def timed(data):
+    from ingest.batch import with_event_time
+
+    batch, x2, _ = data
+    t = np.sort(np.random.default_rng(20240602).integers(_T0, _T0 + 4 * _DAY, batch.n)).astype(np.int64)
+    return with_event_time(batch, t), x2
+
+
+def _rows(batch, x2, idx):
+    """The reports ``idx`` (ascending) of ``batch`` and their x2, with event times."""
+    from ingest.batch import ReportBatch
+
+    cat = {k: (col.take(idx) if hasattr(col, "take") else col[idx]) for k, col in batch.categorical.items()}
+    return ReportBatch(batch.fingerprint, batch.numeric[idx], cat, batch.event_time[idx]), x2[idx]
+
+
+def _unwindowed(qd):
+    return {k: v for k, v in qd.items() if k != "window"}
+
+
+def _close_enough(got, want, kind):
+    assert got.params == want.params and got.n == want.n
+    if kind in EXACT_KINDS:
+        for a in ("value", "stderr", "ci_low", "ci_high"):
+            np.testing.assert_allclose(getattr(got, a), getattr(want, a), rtol=1e-9, atol=1e-12)
+    else:  # renewable panes pool their fits: within a small fraction of the interval of one pass
+        half = (want.ci_high - want.ci_low) / 2
+        assert np.all(np.abs(got.value - want.value) < 0.5 * half)
+
+
+def test_every_registered_kind_is_exercised_with_a_window():
+    from aggregator.state.registry import known_classes, state_class
+    from aggregator.state.windowed import WindowedState
+
+    assert {q["kind"] for q in WINDOWED} == set(STATE_CLASSES)
+    assert set(known_classes()) == {*STATE_CLASSES.values(), WindowedState}
+    schema = make_schema()
+    for qd in WINDOWED:
+        q = parse_query(qd)
+        assert state_class(q) is WindowedState
+        st = build_state(qd, schema)
+        assert type(st) is WindowedState and st.inner_class is STATE_CLASSES[qd["kind"]]
+        assert type(st.new_pane()) is STATE_CLASSES[qd["kind"]]
+
+
+@pytest.mark.parametrize("qd", WINDOWED, ids=WIDS)
+def test_windowed_update_estimate(qd, schema, timed):
+    batch, x2 = timed
+    st = build_state(qd, schema)
+    assert st.n == 0
+    assert st.update(batch, x2) is st
+    assert st.n == batch.n and st.late == 0
+    assert sum(p.n for p in st.pane_states().values()) == batch.n
+    assert sorted(st.pane_states()) == [_T0 + k * _DAY for k in range(4)]
+    assert sorted(st.closed) == [_T0, _T0 + _DAY, _T0 + 2 * _DAY] and sorted(st.panes) == [_T0 + 3 * _DAY]
+    est = st.estimate()  # the latest window whose end is ≤ the watermark
+    t = batch.event_time
+    idx = np.flatnonzero((t >= _T0 + _DAY) & (t < _T0 + 3 * _DAY))
+    assert est.n == idx.size and est.query == qd["name"]
+    k = len(est.params)
+    for arr in (est.value, est.stderr, est.ci_low, est.ci_high):
+        assert arr.shape == (k,) and np.all(np.isfinite(arr))
+    assert np.all(est.stderr > 0) and np.all(est.ci_low <= est.value) and np.all(est.value <= est.ci_high)
+    json.dumps(est.to_dict(), allow_nan=False)
+    want = build_state(_unwindowed(qd), schema).update(*_rows(batch, x2, idx)).estimate()
+    _close_enough(est, want, qd["kind"])
+
+
+@pytest.mark.parametrize("qd", WINDOWED, ids=WIDS)
+def test_windowed_bytes_round_trip(qd, schema, timed):
+    from aggregator.state.windowed import WindowedState
+    from ingest.batch import with_event_time
+
+    batch, x2 = timed
+    st = build_state(qd, schema).update(batch, x2)
+    st.outbox(10)
+    st.settle(10)  # closed panes published: retained
+    blob = st.to_bytes()
+    assert blob.startswith(FORMAT_MAGIC)
+    back = State.from_bytes(blob, parse_query(qd), schema)
+    assert type(back) is WindowedState and back.n == st.n
+    assert back.to_bytes() == blob
+    assert (back.retained, back.max_event_time, back.late) == (st.retained, st.max_event_time, st.late)
+    assert set(back.panes) == set(st.panes) == {_T0 + 3 * _DAY} and not back.closed
+    # the restored state keeps streaming identically
+    b2, x22, _ = make_batch(schema, 300, np.random.default_rng(7))
+    t2 = np.sort(np.random.default_rng(8).integers(_T0 + 4 * _DAY, _T0 + 5 * _DAY, b2.n)).astype(np.int64)
+    t2[:5] = _T0  # late: pane T0 has closed
+    more = with_event_time(b2, t2)
+    assert st.update(more, x22).to_bytes() == back.update(more, x22).to_bytes()
+    assert back.late == 5 and back.n == batch.n + 295
+    assert back.estimate() == st.estimate()
+
+
+@pytest.mark.parametrize("qd", WINDOWED, ids=WIDS)
+def test_windowed_merge_of_halves(qd, schema, timed):
+    """Two partitions over the same time range (alternate reports) merge into one pass over
+    all of them, pane by pane."""
+    batch, x2 = timed
+    one = build_state(qd, schema).update(batch, x2)
+    halves = [build_state(qd, schema).update(*_rows(batch, x2, np.arange(r, batch.n, 2))) for r in (0, 1)]
+    merged = halves[0] + halves[1]
+    assert halves[0].n == batch.n // 2 and merged.n == one.n  # `+` does not mutate
+    assert set(merged.panes) == set(one.panes) and set(merged.closed) == set(one.closed)
+    for start, pane in one.pane_states().items():
+        got = merged.pane_states()[start]
+        assert got.n == pane.n
+        if got.n >= 1000 or qd["kind"] in EXACT_KINDS:
+            _close_enough(got.estimate(), pane.estimate(), qd["kind"])
+    _close_enough(merged.estimate(), one.estimate(), qd["kind"])
+
+
+@pytest.mark.parametrize("qd", WINDOWED, ids=WIDS)
+def test_windowed_repr_pickle_empty_and_no_event_times(qd, schema, data, timed):
+    batch, x2 = timed
+    empty = build_state(qd, schema)
+    assert qd["name"] in repr(empty)
+    with pytest.raises(EmptyStateError, match=qd["name"]):
+        empty.estimate()
+    assert State.from_bytes(empty.to_bytes(), empty.query, schema).n == 0
+    with pytest.raises(StateError, match="needs event times"):
+        empty.update(data[0], data[1])  # the same reports without event times
+    assert empty.n == 0 and not empty.pane_states()
+    st = build_state(qd, schema).update(batch, x2)
+    clone = pickle.loads(pickle.dumps(st))
+    assert clone.estimate() == st.estimate() and clone.to_bytes() == st.to_bytes()
+    for attr in list(vars(st)):
+        setattr(clone, attr, None)
+    assert isinstance(repr(clone), str)
+    before = st.to_bytes()
+    st.merge(build_state(qd, schema))  # merging an empty state changes nothing
+    assert st.to_bytes() == before
+
+
+def test_a_windowed_custom_query_passes_its_resolved_loss_to_every_pane(schema, timed, monkeypatch):
+    from aggregator import custom_loss
+    from aggregator.state import state_from_bytes
+
+    batch, x2 = timed
+    spec = WINDOWED[-1]
+    assert spec["kind"] == "custom"
+    loss = custom_loss.load_custom_loss(spec["loss"])
+    want = build_state(spec, schema).update(batch, x2).to_bytes()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("user code imported")
+
+    monkeypatch.setattr(custom_loss, "load_custom_loss", refuse)
+    st = build_state(spec, schema, loss=loss).update(batch, x2)
+    assert st.to_bytes() == want
+    assert all(p.loss is loss for p in st.pane_states().values())
+    back = state_from_bytes(want, parse_query(spec), schema, loss=loss)
+    assert back.to_bytes() == want and all(p.loss is loss for p in back.pane_states().values())
+    assert st.copy().to_bytes() == want
