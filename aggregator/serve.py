@@ -516,20 +516,22 @@ def build_app(store: EstimateStore, privacy: Mapping | None = None):
 
 def _window_params(params: Mapping) -> tuple[int | None, int | None, int | None]:
     """``(from, to, limit)`` of ``GET /windows/{query}``; raises ValueError naming the parameter."""
+    import re
+
     from ingest.event_time import parse_iso_utc
 
     def when(key: str) -> int | None:
         v = params.get(key)
         if v is None or v == "":
             return None
-        if v.lstrip("-").isdigit():
+        if re.fullmatch(r"-?[0-9]+", v):
             return int(v)
         return parse_iso_utc(v, key)
 
     lo, hi = when("from"), when("to")
     limit = params.get("limit")
     if limit is not None:
-        if not limit.isdigit() or int(limit) > 1_000_000:
+        if not re.fullmatch(r"[0-9]{1,7}", limit) or int(limit) > 1_000_000:
             raise ValueError(f"limit must be an integer in [0, 1000000], got {limit!r}")
         limit = int(limit)
     return lo, hi, limit

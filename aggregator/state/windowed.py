@@ -154,7 +154,11 @@ class WindowedState(State):
         if wm is None:
             return
         for start in [s for s in self.panes if s + self.hop_s <= wm]:
-            self.closed[start] = self.panes.pop(start)
+            pane = self.panes.pop(start)
+            if start in self.closed:  # (after a merge) one pane, never two copies
+                self.closed[start].merge(pane)
+            else:
+                self.closed[start] = pane
         horizon = wm - self.retention_s
         for start in [s for s in self.retained if s + self.hop_s <= horizon]:
             self.retained.discard(start)
@@ -230,18 +234,21 @@ class WindowedState(State):
 
     # ------------------------------------------------------------------------------- merge
     def _merge(self, other: WindowedState) -> None:
-        for mine, theirs in ((self.panes, other.panes), (self.closed, other.closed)):
-            for start, st in theirs.items():
-                if start in mine:
-                    mine[start].merge(st)
-                else:
-                    mine[start] = st.copy()
+        """Pane by pane: a pane held by both (open or closed in either) becomes one; then panes
+        past the merged watermark close."""
+        for start, st in other.pane_states().items():
+            mine = self.closed.get(start) or self.panes.get(start)
+            if mine is not None:
+                mine.merge(st)
+            else:
+                (self.closed if start in other.closed else self.panes)[start] = st.copy()
         self.retained |= other.retained
         self.tombstones |= other.tombstones
         if other.max_event_time is not None:
             self.max_event_time = (other.max_event_time if self.max_event_time is None
                                    else max(self.max_event_time, other.max_event_time))
         self.late += other.late
+        self._close()
 
     # ------------------------------------------------------------------------ serialization
     def _get_data(self) -> dict:

@@ -167,9 +167,11 @@ class Folder:
         """``batch`` (the reports of ``records``, ``counts`` each, in order) with its event times,
         and per record whether it holds one more than ``max_event_time_skew_s`` ahead of the
         record's Kafka timestamp (bool array). A schema without a time column takes the record
-        timestamps as event times (whole seconds); a record without a timestamp counts as time 0."""
-        ts = np.fromiter(((rec.timestamp if (rec.timestamp or -1) >= 0 else 0) for rec in records),
-                         dtype=np.int64, count=len(records)) // 1000
+        timestamps as event times (whole seconds; a record without a timestamp: time 0); the
+        event times of a record without a timestamp are not bounded."""
+        stamps = np.fromiter(((rec.timestamp if rec.timestamp is not None else -1) for rec in records),
+                             dtype=np.int64, count=len(records))
+        ts = np.maximum(stamps, 0) // 1000
         if batch.event_time is None:
             return with_event_time(batch, np.repeat(ts, counts)), np.zeros(len(records), dtype=bool)
         n = np.asarray(counts, dtype=np.int64)
@@ -178,7 +180,8 @@ class Folder:
         has = n > 0
         if has.any():
             latest[has] = np.maximum.reduceat(batch.event_time, starts[has])
-        return batch, latest > ts + self.max_event_time_skew_s
+        # a record without a timestamp (-1) bounds nothing
+        return batch, (latest > ts + self.max_event_time_skew_s) & (stamps >= 0)
 
     def fold_decoded(self, ps: PartitionState, batch: ReportBatch, values: list, counts: list) -> int:
         """Double each record's rows of ``batch`` with its own seed, update the states and count

@@ -200,9 +200,6 @@ def test_bad_window_parameters_are_400_with_a_reason(served, query, param):
     assert body["error"] == "invalid query parameter" and body["reason"].startswith(f"{param} must be")
 
 
-@pytest.mark.xfail(strict=True, reason="aggregator/serve.py _window_params tests str.isdigit(), which is "
-                   "true for digits int() refuses ('²'): the 400's reason is int()'s message, not one naming "
-                   "the parameter")
 @pytest.mark.parametrize("param", ["limit", "from", "to"])
 def test_a_superscript_digit_is_refused_naming_the_parameter(served, param):
     port, _, _ = served

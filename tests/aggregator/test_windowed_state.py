@@ -301,9 +301,6 @@ def test_merge_adds_late_counts_and_keeps_the_larger_max_event_time(schema):
     assert build_state(spec, schema).merge(a).max_event_time == 100  # into an empty state
 
 
-@pytest.mark.xfail(strict=True, reason="WindowedState._merge merges `panes` and `closed` separately: a "
-                   "pane open in one partition and closed in the other is kept twice, pane_states() "
-                   "shows only the open copy, and the next _close overwrites the closed copy")
 def test_merge_of_a_pane_open_in_one_partition_and_closed_in_the_other(schema):
     spec = windowed(MEAN, size="10s")
     a = build_state(spec, schema).update(*timed(schema, [5] * 50, 1))          # pane 0 open
