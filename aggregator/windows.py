@@ -264,6 +264,12 @@ class WindowView:
 
             cache = self._rows[name]
             rows = window_rows(template, merged, horizon, cache=cache, tag=tag)
+            # past the retention of the most advanced partition a window may have lost panes to
+            # tombstones in some partitions only: not served
+            marks = [c.watermark for c in clocks if c.watermark is not None]
+            if marks:
+                cut = max(marks) - template.retention_s
+                rows = [r for r in rows if r["start_s"] + hop > cut]
             starts = {r["start_s"] for r in rows}
             for s in [s for s in cache if s not in starts]:
                 del cache[s]

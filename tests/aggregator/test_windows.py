@@ -233,3 +233,26 @@ def test_latest_final_is_the_last_final_window_without_error():
     none = latest_final({"query": "m", "window": {"size_s": 10}, "windows": rows[3:]})
     assert none["n"] == 0 and none["query"] == "m" and "no final window yet" in none["error"]
     assert latest_final({"query": "m", "windows": []})["n"] == 0
+
+
+def test_windows_past_the_most_advanced_partitions_retention_are_not_served():
+    """Retention counts from each partition's own watermark: once the most advanced partition
+    may have deleted a window's first pane, serve no longer shows that window (docs/windows.md
+    §4), even though a slower partition still holds its copy."""
+    spec = {"kind": "mean", "name": "m", "field": "a",
+            "window": {"size": "10s", "retention": "30s"}}
+    rt = windowed_runtime([spec])
+    now = T0 + 10**6
+    restored, cks = {}, {}
+    for p, hi in ((0, 100), (1, 40)):  # watermarks T0+99 and T0+39
+        t = np.arange(T0, T0 + hi, dtype=np.int64)
+        states = rt.new_states()
+        states["m"].update(*timed(rt.schema, t, 40 + p))
+        cks[p] = Checkpoint(rt.name, p, 100, len(t), rt.fingerprint,
+                            {n: s.to_bytes() for n, s in states.items()}, created=now)
+        restored[p] = {n: rt.restore_state(n, b) for n, b in cks[p].states.items()}
+    rows = WindowView(rt).compute(restored, cks, {}, None, now)["m"]["windows"]
+    starts = [r["start_s"] - T0 for r in rows]
+    # the cut is 99 − 30 = 69: windows whose first pane ends after it
+    assert starts == [60, 70, 80, 90]
+    assert all(r["start_s"] + 10 > T0 + 69 for r in rows)
