@@ -11,7 +11,8 @@ with ``next_offset`` (the first offset not yet folded in):
   thread: the next one is already buffered), and its state updates run on the ``ldp-update``
   thread (one update in flight) while the fold thread takes the next poll
   (:class:`~aggregator.worker.threads.OverlapThreads`);
-* every ``checkpoint_interval_s`` seconds or ``checkpoint_reports`` reports, each changed
+* every ``checkpoint_interval_s`` seconds or ``checkpoint_reports`` reports (or once the windowed
+  queries hold :data:`MAX_CLOSED_PANES` closed panes), each changed
   partition's checkpoint is published to the state topic, and **only once the broker has
   acknowledged it** are group offsets committed
   (:class:`~aggregator.worker.checkpointing.Checkpointer`; at most one such checkpoint is on
@@ -55,7 +56,7 @@ from aggregator.worker.partition import PartitionState
 from aggregator.worker.threads import OverlapThreads
 from ingest.kafka import CLOSE_TIMEOUT_S, close_without_leaving
 
-__all__ = ["DEFAULT_MAX_POLL_RECORDS", "KafkaClients", "Worker"]
+__all__ = ["DEFAULT_MAX_POLL_RECORDS", "MAX_CLOSED_PANES", "KafkaClients", "Worker"]
 
 log = logging.getLogger("aggregator.worker")
 
@@ -64,6 +65,8 @@ log = logging.getLogger("aggregator.worker")
 #: cost falls from 2.7 (500 per poll) to 1.0 µs per record (5000). Large records are capped
 #: by kafka-python's fetch size (1 MiB per partition) long before.
 DEFAULT_MAX_POLL_RECORDS = 5000
+#: Closed window panes held by the owned partitions that make a checkpoint due (docs/windows.md §3).
+MAX_CLOSED_PANES = 64
 
 
 @dataclass(frozen=True)
@@ -425,6 +428,19 @@ class Worker:
         self.checkpoints.commit(published)
         return published.partitions
 
+    def panes_due(self) -> bool:
+        """Whether the owned partitions hold :data:`MAX_CLOSED_PANES` closed window panes or more:
+        they leave the state only with a checkpoint (docs/windows.md §3), so a stream that closes
+        panes fast is checkpointed sooner and the state stays bounded by its open panes (the
+        counts are read while the update thread may add to them: a trigger, not a measure)."""
+        if not self.runtime.windowed:
+            return False
+        closed = 0
+        for ps in list(self.owned.values()):
+            for name in self.runtime.windowed:
+                closed += len(ps.states[name].closed)
+        return closed >= MAX_CLOSED_PANES
+
     def _wait_fold(self) -> None:
         """Wait until the fold thread's tasks are done (re-raising a fold's failure)."""
         self.threads.collect(True, self._fold_result)
@@ -555,7 +571,7 @@ class Worker:
                         self._wait_fold()  # one poll folded while the next is fetched
                         threads.submit_fold(self.fold_poll, got)
                 self._update_lag()
-                due = cp.due(self.checkpoint_reports, self.checkpoint_interval_s)
+                due = cp.due(self.checkpoint_reports, self.checkpoint_interval_s) or self.panes_due()
                 if due and threads.folder is None:
                     try:
                         published = cp.publish_due()

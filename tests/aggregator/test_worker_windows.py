@@ -392,3 +392,20 @@ def test_a_failed_pane_send_keeps_the_pane_and_it_is_sent_again(runtime, records
     w.process(0, recs[7:])
     assert w.checkpoint() == 1
     assert T0 not in part.states["m"].closed and T0 in part.states["m"].retained
+
+
+def test_closed_panes_make_a_checkpoint_due(runtime, records):
+    """Closed panes leave the state only with a checkpoint: once the owned partitions hold
+    MAX_CLOSED_PANES of them, one falls due (docs/windows.md §3), and not before."""
+    from aggregator.worker.loop import MAX_CLOSED_PANES
+
+    w = make_worker(runtime)
+    assert not w.panes_due()
+    # one record per hour: every record closes the pane of the one before ("m", 1 h tumbling)
+    n = MAX_CLOSED_PANES // 2  # "c" (2 h hopping 1 h, grace 5 min) closes one pane per record too
+    w.process(0, stamped(records[:1] * n, [T0 + HOUR * i for i in range(n)]))
+    held = sum(len(w.owned[0].states[q].closed) for q in runtime.windowed)
+    assert held < MAX_CLOSED_PANES and not w.panes_due()
+    w.process(0, stamped(records[:1] * n, [T0 + HOUR * (n + i) for i in range(n)], start=n))
+    held = sum(len(w.owned[0].states[q].closed) for q in runtime.windowed)
+    assert held >= MAX_CLOSED_PANES and w.panes_due()
