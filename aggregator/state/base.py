@@ -241,6 +241,24 @@ class State(ABC):
         return state_from_bytes(self.to_bytes(), self.query, self.schema, expected=type(self),
                                 loss=self._resolved_loss())
 
+    def empty_copy(self) -> State:
+        """A new empty state of the same class, query and schema (a window's next pane).
+
+        By default the class is built again; a class whose construction is costly and whose
+        empty form is plain data overrides this with a copy of its empty parts.
+        """
+        from aggregator.state.registry import construct
+
+        return construct(type(self), self.query, self.schema, self._resolved_loss())
+
+    def _shallow(self) -> State:
+        """A new instance sharing this one's attributes (for :meth:`empty_copy` overrides, which
+        then replace the mutable ones)."""
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out._n = 0
+        return out
+
     @abstractmethod
     def estimate(self) -> Estimate:
         """Current estimate.

@@ -66,6 +66,12 @@ class CountsState(State):
         self.params = categorical_params(schema, field)
         self.counts = self.mechanism.empty_counts()
 
+    def empty_copy(self) -> CountsState:
+        """An empty state sharing this one's mechanism (not changed after construction)."""
+        out = self._shallow()
+        out.counts = self.mechanism.empty_counts()
+        return out
+
     def _update(self, batch, x2) -> None:
         try:
             col = batch.categorical[self.query.field]

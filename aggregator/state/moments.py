@@ -89,6 +89,12 @@ class MomentsState(State):
         self.params = (self.query.kind,)
         _kernels.warm()
 
+    def empty_copy(self) -> MomentsState:
+        """An empty state of the same query (its moments zero)."""
+        out = self._shallow()
+        out.mean, out.comoment = np.zeros(4), np.zeros((4, 4))
+        return out
+
     def _update(self, batch, x2) -> None:
         a = batch.numeric[:, self.col]
         if self.query.estimator in ("dr", "sl"):

@@ -43,6 +43,22 @@ def split_rows(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
     return concat_batches([slice_batch(batch, int(r[0]), int(r[-1]) + 1) for r in runs])
 
 
+def _by_pane(panes: np.ndarray, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``[(pane start, its rows)]`` of ``rows`` (increasing) by ``panes`` (their pane starts),
+    panes ascending, each pane's rows increasing; one pass over runs when the panes are in
+    order (reports in event-time order), a stable sort otherwise."""
+    if rows.size == 0:
+        return []
+    if panes[0] == panes[-1] and (panes.size < 3 or (panes == panes[0]).all()):
+        return [(int(panes[0]), rows)]
+    if not (panes[1:] >= panes[:-1]).all():
+        order = np.argsort(panes, kind="stable")
+        panes, rows = panes[order], rows[order]
+    cuts = np.flatnonzero(panes[1:] != panes[:-1]) + 1
+    firsts = np.concatenate(([0], cuts))
+    return list(zip(panes[firsts].tolist(), np.split(rows, cuts), strict=True))
+
+
 class WindowedState(State):
     """Per-pane states of a query with ``window`` (docs/windows.md §2–§3).
 
@@ -97,18 +113,20 @@ class WindowedState(State):
         self._construct = construct
         self.panes: dict[int, State] = {}
         self.closed: dict[int, State] = {}
+        self._blobs: dict[int, bytes] = {}  # serialized closed panes (they change only by merges)
         self.retained: set[int] = set()
         self.tombstones: set[int] = set()
         self.max_event_time: int | None = None
         self.late = 0
         self.late_listener = None
         self._sent: dict[tuple[str, int], int] = {}  # (kind, start) → next_offset of its send
-        self.new_pane()  # the query must fit the schema: fail at construction
+        # the query must fit the schema (fails here); new panes are empty copies of this one
+        self._blank = self._construct(self.inner_class, self.query, self.schema, self._loss)
 
     # ------------------------------------------------------------------------------ panes
     def new_pane(self) -> State:
         """An empty state of the query's kind (one pane)."""
-        return self._construct(self.inner_class, self.query, self.schema, self._loss)
+        return self._blank.empty_copy()
 
     @property
     def watermark(self) -> int | None:
@@ -131,15 +149,11 @@ class WindowedState(State):
         n_late = int(late.sum())
         self.max_event_time = int(max(prev, int(seen[-1])))
         keep = np.flatnonzero(~late)
-        if keep.size:
-            kp = pane[keep]
-            starts = np.unique(kp)
-            for start in starts.tolist():
-                rows = keep if starts.size == 1 else keep[kp == start]
-                st = self.panes.get(start)
-                if st is None:
-                    st = self.panes[start] = self.new_pane()
-                st.update(split_rows(batch, rows), None if x2 is None else x2[rows])
+        for start, rows in _by_pane(pane[keep], keep):
+            st = self.panes.get(start)
+            if st is None:
+                st = self.panes[start] = self.new_pane()
+            st.update(split_rows(batch, rows), None if x2 is None else x2[rows])
         self._close()
         if n_late:
             self.late += n_late
@@ -157,6 +171,7 @@ class WindowedState(State):
             pane = self.panes.pop(start)
             if start in self.closed:  # (after a merge) one pane, never two copies
                 self.closed[start].merge(pane)
+                self._blobs.pop(start, None)
             else:
                 self.closed[start] = pane
         horizon = wm - self.retention_s
@@ -177,6 +192,7 @@ class WindowedState(State):
             del self._sent[(kind, start)]
             if kind == "pane" and start in self.closed:
                 del self.closed[start]
+                self._blobs.pop(start, None)
                 self.retained.add(start)
             elif kind == "tombstone":
                 self.tombstones.discard(start)
@@ -188,12 +204,20 @@ class WindowedState(State):
         deletion, each remembered as sent at ``next_offset`` (see :meth:`settle`)."""
         out: list[tuple[int, bytes | None]] = []
         for start in sorted(self.closed):
-            out.append((start, self.closed[start].to_bytes()))
+            out.append((start, self._blob(start)))
             self._sent[("pane", start)] = next_offset
         for start in sorted(self.tombstones):
             out.append((start, None))
             self._sent[("tombstone", start)] = next_offset
         return out
+
+    def _blob(self, start: int) -> bytes:
+        """``to_bytes()`` of closed pane ``start``, computed once (the pane record and every
+        checkpoint until it is dropped carry the same bytes)."""
+        blob = self._blobs.get(start)
+        if blob is None:
+            blob = self._blobs[start] = self.closed[start].to_bytes()
+        return blob
 
     # ----------------------------------------------------------------------------- windows
     def pane_states(self) -> dict[int, State]:
@@ -240,6 +264,7 @@ class WindowedState(State):
             mine = self.closed.get(start) or self.panes.get(start)
             if mine is not None:
                 mine.merge(st)
+                self._blobs.pop(start, None)
             else:
                 (self.closed if start in other.closed else self.panes)[start] = st.copy()
         self.retained |= other.retained
@@ -255,7 +280,8 @@ class WindowedState(State):
         def dump(panes: dict) -> list:
             return [[start, st._n, st._get_data()] for start, st in sorted(panes.items())]
 
-        return {"panes": dump(self.panes), "closed": dump(self.closed),
+        closed = [[start, np.frombuffer(self._blob(start), dtype=np.uint8)] for start in sorted(self.closed)]
+        return {"panes": dump(self.panes), "closed": closed,
                 "retained": sorted(self.retained), "tombstones": sorted(self.tombstones),
                 "max_event_time": self.max_event_time, "late": self.late}
 
@@ -269,7 +295,15 @@ class WindowedState(State):
                 out[int(start)] = st
             return out
 
-        self.panes, self.closed = load(data["panes"]), load(data["closed"])
+        from aggregator.state.serialize import state_from_bytes
+
+        self.panes = load(data["panes"])
+        self.closed, self._blobs = {}, {}
+        for start, blob in data["closed"]:
+            raw = np.asarray(blob, dtype=np.uint8).tobytes()
+            self.closed[int(start)] = state_from_bytes(raw, self.query, self.schema,
+                                                       expected=self.inner_class, loss=self._loss)
+            self._blobs[int(start)] = raw
         self.retained = {int(s) for s in data["retained"]}
         self.tombstones = {int(s) for s in data["tombstones"]}
         met = data["max_event_time"]

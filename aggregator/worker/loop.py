@@ -66,7 +66,7 @@ log = logging.getLogger("aggregator.worker")
 #: by kafka-python's fetch size (1 MiB per partition) long before.
 DEFAULT_MAX_POLL_RECORDS = 5000
 #: Closed window panes held by the owned partitions that make a checkpoint due (docs/windows.md §3).
-MAX_CLOSED_PANES = 64
+MAX_CLOSED_PANES = 512
 
 
 @dataclass(frozen=True)
