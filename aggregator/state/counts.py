@@ -65,11 +65,12 @@ class CountsState(State):
             self._fast = (_kernels.urap_counts, rank, self.mechanism.signature)
         self.params = categorical_params(schema, field)
         self.counts = self.mechanism.empty_counts()
+        self._empty = self.mechanism.empty_counts()  # what empty_copy starts from
 
     def empty_copy(self) -> CountsState:
         """An empty state sharing this one's mechanism (not changed after construction)."""
         out = self._shallow()
-        out.counts = self.mechanism.empty_counts()
+        out.counts = self._empty.copy()
         return out
 
     def _update(self, batch, x2) -> None:
@@ -78,18 +79,25 @@ class CountsState(State):
         except KeyError:
             raise StateError(f"batch has no categorical column {self.query.field!r}") from None
         if self._fast is not None and isinstance(col, SparseBits) and col.k == self.mechanism.k:
-            self.counts += self._urap_counts(col)
+            if self.counts.patterns:
+                self.counts += self._urap_counts(col)
+            else:  # no pattern kept: adding the arrays is the merge
+                self._urap_counts(col, into=self.counts)
         else:
             self.counts += self.mechanism.counts(col)
 
-    def _urap_counts(self, col) -> FrequencyCounts:
+    def _urap_counts(self, col, into: FrequencyCounts | None = None) -> FrequencyCounts | None:
         """``mechanism.counts(col)`` for uRAP without pattern tracking, by the compiled loop
-        (:func:`aggregator.state._kernels.urap_counts`; equal results, test_kernels)."""
+        (:func:`aggregator.state._kernels.urap_counts`; equal results, test_kernels); with
+        ``into``, added to it in place (:meth:`FrequencyCounts.add_unpatterned`) instead."""
         kernel, rank, signature = self._fast
         m = self.mechanism
         counts, protected, ob, bad, nbad = kernel(col.indices, col.offsets, rank, m.k, m.s)
         if bad >= 0:
             raise ParameterError(f"reports: report {bad} has {nbad} non-sensitive bits set (max 1)")
+        if into is not None:
+            into.add_unpatterned(col.n, counts, int(protected), ob)
+            return None
         return FrequencyCounts(signature, col.n, counts, {}, int(protected), ob, 0)
 
     def _merge(self, other: CountsState) -> None:

@@ -24,7 +24,8 @@ def worker_from_config(config: PipelineConfig, *, group_id: str | None = None,
 
     The group consumer (``group_id``, :data:`ingest.kafka.FAST_GROUP_SETTINGS`, no auto-commit,
     from the earliest offset, ``max_poll_records``), the producer of checkpoints and dead letters
-    (``acks="all"``, requests large enough for ``[worker] max_record_bytes``) and the state-topic
+    (``acks="all"``, requests large enough for ``[worker] max_record_bytes``, ``linger_ms`` 5
+    and 1 MiB batches) and the state-topic
     reader all carry the ``[kafka]`` settings (TLS, SASL). Also applies ``[worker]
     malloc_trim_threshold_mib`` to this process's allocator (:func:`ingest.kafka.keep_freed_memory`):
     the consumer's fetch buffers are then reused rather than page-faulted in again for every
@@ -50,7 +51,10 @@ def worker_from_config(config: PipelineConfig, *, group_id: str | None = None,
         return KafkaClients(
             consumer=consumer_client(settings, group_id=group, fast_group=True, enable_auto_commit=False,
                                      auto_offset_reset="earliest", max_poll_records=max_poll_records),
-            producer=producer_client(settings, max_request_size=max(w.max_record_bytes + 65536, 1048576)),
+            # linger 5 ms: the pane records of windowed queries go out in a few batches, not one
+            # wake-up of kafka-python's sender per record
+            producer=producer_client(settings, max_request_size=max(w.max_record_bytes + 65536, 1048576),
+                                     linger_ms=5, batch_size=1 << 20),
             reader=StateTopicReader.connect(settings, state_topic, runtime.name),
         )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -127,6 +128,19 @@ class Checkpointer:
         self.pending = False
         self.since_reports = 0
         self.last_at = time.monotonic()
+        self._state_partitions: int | None = None
+
+    def _pane_partition(self, key: bytes) -> int | None:
+        """The state-topic partition of a pane record: CRC-32 of its key modulo the partition
+        count (the same key always lands in the same partition, as compaction needs; computing
+        it here costs a fraction of kafka-python's pure-Python murmur2 partitioner). ``None``
+        (the producer's partitioner) while the topic's partitions are not known."""
+        n = self._state_partitions
+        if n is None:
+            lookup = getattr(self.producer, "partitions_for", None)
+            parts = lookup(self.state_topic) if lookup is not None else None
+            n = self._state_partitions = len(parts) if parts else None
+        return None if not n else zlib.crc32(key) % n
 
     def due(self, every_reports: int, every_s: float) -> bool:
         """Whether a checkpoint falls due: ``every_reports`` reports or ``every_s`` seconds."""
@@ -177,7 +191,9 @@ class Checkpointer:
             st.settle(ps.published_offset)
             for start, blob in st.outbox(mark.next_offset):
                 key = pane_key(self.runtime.name, ps.partition, name, start)
-                out.append((ps, None, self.producer.send(self.state_topic, key=key, value=blob)))
+                part = self._pane_partition(key)
+                where = {} if part is None else {"partition": part}
+                out.append((ps, None, self.producer.send(self.state_topic, key=key, value=blob, **where)))
         if out:
             self.metrics.pane_records.inc(len(out))
         return out

@@ -125,6 +125,47 @@ class FrequencyCounts:
         return FrequencyCounts(self.signature, self.n + other.n, self.counts + other.counts,
                                patterns, ov_n, ov_b, cap)
 
+    def copy(self) -> FrequencyCounts:
+        """An independent copy (its arrays and patterns copied)."""
+        out = object.__new__(FrequencyCounts)
+        out.signature, out.n, out.max_patterns = self.signature, self.n, self.max_patterns
+        out.counts, out.overflow_n = self.counts.copy(), self.overflow_n
+        out.patterns = None if self.patterns is None else dict(self.patterns)
+        out.overflow_bits = None if self.overflow_bits is None else self.overflow_bits.copy()
+        return out
+
+    def add_unpatterned(self, n: int, counts: np.ndarray, overflow_n: int, overflow_bits: np.ndarray) -> None:
+        """In place: add ``n`` reports counted without patterns — the same result as
+        ``self += FrequencyCounts(self.signature, n, counts, {}, overflow_n, overflow_bits, 0)``
+        (all their protected reports overflow), without building that object (a windowed
+        query adds many small batches).
+
+        Parameters
+        ----------
+        n : int
+            Reports (≥ 0).
+        counts : ndarray of int64, shape (k_out,)
+        overflow_n : int
+            Their protected reports.
+        overflow_bits : ndarray of int64, shape (s,)
+            Per sensitive bit, the protected reports with it set.
+
+        Raises
+        ------
+        ParameterError
+            If a shape differs from this object's, or ``self`` keeps patterns.
+        """
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.shape != self.counts.shape or self.patterns:
+            raise ParameterError("add_unpatterned needs counts of this shape and no kept patterns")
+        self.counts = self.counts + counts
+        self.n += int(n)
+        self.overflow_n += int(overflow_n)
+        ob = np.asarray(overflow_bits, dtype=np.int64)
+        self.overflow_bits = ob.copy() if self.overflow_bits is None else self.overflow_bits + ob
+        self.patterns = {}
+        self.max_patterns = 0
+
     def __add__(self, other: FrequencyCounts) -> FrequencyCounts:
         if not isinstance(other, FrequencyCounts):
             return NotImplemented
