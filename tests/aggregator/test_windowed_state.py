@@ -16,9 +16,9 @@ from aggregator.state import STATE_CLASSES, State, build_state
 from aggregator.state.registry import known_classes, state_class
 from aggregator.state.serialize import FORMAT_MAGIC, query_digest
 from aggregator.state.windowed import WindowedState
-from ingest.batch import ReportBatch, slice_batch, with_event_time
-from mechanisms.uldp.sparse import SparseBits
+from ingest.batch import slice_batch
 from tests.aggregator._state_support import make_batch, make_schema
+from tests.aggregator.window_support import take, timed
 
 HOUR, DAY = 3600, 86400
 T0 = 1_700_006_400  # a multiple of 1 d (2023-11-15T00:00:00Z)
@@ -37,26 +37,6 @@ def schema():
 
 def windowed(spec, **window):
     return {**spec, "window": window}
-
-
-def timed(schema, times, seed):
-    """A privatized batch of ``len(times)`` reports with those event times, and its x2."""
-    t = np.asarray(times, dtype=np.int64)
-    batch, x2, _ = make_batch(schema, t.size, np.random.default_rng(seed))
-    return with_event_time(batch, t), x2
-
-
-def take(batch: ReportBatch, idx) -> ReportBatch:
-    """The reports ``idx`` of ``batch`` (independent of the library's own slicing)."""
-    idx = np.asarray(idx, dtype=np.int64)
-    cats = {}
-    for name, col in batch.categorical.items():
-        if isinstance(col, SparseBits):
-            cats[name] = col.take(idx)
-        else:
-            cats[name] = np.asarray(col)[idx]
-    t = None if batch.event_time is None else batch.event_time[idx]
-    return ReportBatch(batch.fingerprint, batch.numeric[idx], cats, t)
 
 
 def reference_late(times, hop, grace, prev=None):

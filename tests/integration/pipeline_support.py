@@ -313,3 +313,29 @@ def get_json(port: int, path: str, method: str = "GET") -> tuple[int, dict]:
     except urllib.error.HTTPError as exc:
         body = exc.read()
         return exc.code, json.loads(body) if body else {}
+
+
+def read_dead_letters(bootstrap: str, topic: str, expected: int, timeout: float = 60.0) -> list:
+    """The records of partition 0 of the dead-letter ``topic`` from its beginning: at least
+    ``expected`` of them (or what arrived within ``timeout`` seconds), plus any that follow within
+    a second — so that one too many is seen."""
+    from kafka import TopicPartition
+
+    from ingest.clients import consumer_client
+
+    c = consumer_client(KafkaSettings(bootstrap_servers=bootstrap), enable_auto_commit=False,
+                        auto_offset_reset="earliest", max_partition_fetch_bytes=32 << 20,
+                        fetch_max_bytes=64 << 20)
+    try:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        out, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline and len(out) < expected:
+            for recs in c.poll(timeout_ms=500).values():
+                out.extend(recs)
+        for recs in c.poll(timeout_ms=1000).values():  # anything beyond the expected ones
+            out.extend(recs)
+        return out
+    finally:
+        c.close()

@@ -112,29 +112,6 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _read_dead_letters(bootstrap: str, topic: str, expected: int, timeout: float = 60.0) -> list:
-    from kafka import TopicPartition
-
-    from ingest.clients import consumer_client
-    from ingest.kafka import KafkaSettings
-
-    c = consumer_client(KafkaSettings(bootstrap_servers=bootstrap), enable_auto_commit=False,
-                        auto_offset_reset="earliest", max_partition_fetch_bytes=32 << 20,
-                        fetch_max_bytes=64 << 20)
-    try:
-        tp = TopicPartition(topic, 0)
-        c.assign([tp])
-        c.seek_to_beginning(tp)
-        out, deadline = [], time.monotonic() + timeout
-        while time.monotonic() < deadline and len(out) < expected:
-            for recs in c.poll(timeout_ms=500).values():
-                out.extend(recs)
-        for recs in c.poll(timeout_ms=1000).values():  # anything beyond the expected ones
-            out.extend(recs)
-        return out
-    finally:
-        c.close()
-
 
 def test_poison_corpus_is_dead_lettered_and_good_reports_counted(request, tmp_path, bootstrap_servers,
                                                                topic_name):
@@ -206,7 +183,7 @@ def test_poison_corpus_is_dead_lettered_and_good_reports_counted(request, tmp_pa
     # every bad record dead-lettered exactly once, with its reason and provenance
     bad = {(p, off): (kind, v, reason) for (kind, v, reason), (p, off) in zip(stream, where, strict=True)
            if kind != "good"}
-    dl = _read_dead_letters(bootstrap_servers, cfg.topics.dead_letter, len(bad))
+    dl = ps.read_dead_letters(bootstrap_servers, cfg.topics.dead_letter, len(bad))
     got = {}
     for rec in dl:
         h = {k: v.decode() for k, v in rec.headers}

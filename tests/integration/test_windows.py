@@ -33,12 +33,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from kafka import TopicPartition
 
 from aggregator.config import PipelineConfig
 from aggregator.metrics import WorkerMetrics
 from aggregator.worker import PipelineRuntime, ensure_topics, worker_from_config
-from ingest.clients import producer_client, reader_client
+from ingest.clients import producer_client
 from ingest.kafka import KafkaSettings
 from ingest.processes import free_port, spawn_process, stop_process
 from tests.integration import pipeline_support as ps
@@ -156,22 +155,6 @@ def _encode(schema, times: np.ndarray, rng) -> bytes:
     return encode(priv.privatize_batch(cols), time_resolution=schema.time_resolution_s)
 
 
-def _read_dead_letters(bootstrap: str, topic: str, expect: int, timeout_s: float = 20.0) -> list:
-    c = reader_client(KafkaSettings(bootstrap_servers=bootstrap))
-    try:
-        tp = TopicPartition(topic, 0)
-        c.assign([tp])
-        c.seek_to_beginning(tp)
-        out, deadline = [], time.monotonic() + timeout_s
-        while len(out) < expect and time.monotonic() < deadline:
-            for recs in c.poll(timeout_ms=200).values():
-                out.extend(recs)
-        for recs in c.poll(timeout_ms=1000).values():  # anything beyond the expected ones
-            out.extend(recs)
-        return out
-    finally:
-        c.close()
-
 
 def _samples(text: str, name: str) -> list[tuple[dict, float]]:
     """``(labels, value)`` of every sample ``name`` of an exposition (labels in any order)."""
@@ -259,7 +242,7 @@ def test_bad_event_times_are_dead_lettered_or_counted_late_never_lost(pipeline):
 
     # the 2099 record: in the dead-letter topic, whole, with its reason and provenance
     p_rogue, off_rogue, value_rogue = pipeline.rogue
-    dl = _read_dead_letters(pipeline.bootstrap, cfg.topics.dead_letter, expect=1)
+    dl = ps.read_dead_letters(pipeline.bootstrap, cfg.topics.dead_letter, 1, timeout=20.0)
     assert len(dl) == 1, [dict(r.headers) for r in dl]
     h = {k: v.decode() for k, v in dl[0].headers}
     assert h["reason"] == "event_time_skew"
