@@ -31,8 +31,6 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
     queries that could not estimate yet are listed under ``not_estimated`` with the reason;
     windowed queries under ``windows``, one row per window with its own truth
     (:func:`aggregator.demo.windows.window_report`; ``windows``: serve's ``/windows/{query}``)."""
-    from aggregator.demo.windows import window_report
-
     rows = []
     for q in config.queries:
         e = estimates.get(q.name)
@@ -74,9 +72,22 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
         "not_estimated": [{"query": q.name, "kind": q.kind, "n": (not_ready or {}).get(q.name, {}).get("n"),
                            "reason": (not_ready or {}).get(q.name, {}).get("error", "no estimate yet")}
                           for q in config.queries if q.name not in estimates and q.window is None],
-        **window_report(config, schema, windows or {}, prepared.raw,
-                        None if partial else prepared.event_time),
+        **_windows_part(config, schema, windows, prepared, progress.processed, partial),
     }
+
+
+def _windows_part(config, schema, windows: dict | None, prepared: _Prepared, processed: int,
+                  partial: bool) -> dict:
+    """``windows`` and ``windows_summary`` of the report; each summary also says whether every
+    processed report is in exactly one pane (Σ window n / windows per report) or counted late."""
+    from aggregator.demo.windows import window_report
+
+    out = window_report(config, schema, windows or {}, prepared.raw, None if partial else prepared.event_time)
+    for s in out["windows_summary"].values():
+        s["reports"] = processed
+        s["all_reports_accounted"] = (None if s["late"] is None
+                                      else s["reports_in_windows"] + s["late"] == processed)
+    return out
 
 
 def write_outputs(out: Path, report: dict, history: list, truth: dict, schema) -> None:
@@ -119,6 +130,9 @@ def _fmt(v, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+_YES_NO = {True: "yes", False: "no"}
+
+
 def render_markdown(report: dict, plots: list[str]) -> str:
     """``report.md``: run figures, privacy summary, the estimate table, the windows and the plots."""
     run, summ = report["run"], report["summary"]
@@ -154,11 +168,13 @@ def render_markdown(report: dict, plots: list[str]) -> str:
     if wins:
         lines += ["", "## Windows (event time, UTC) against each window's non-private truth", "",
                   "| query | windows | final | parameters judged | CI covers the truth | reports in windows "
-                  "| late reports |", "|---|---|---|---|---|---|---|"]
+                  "| late reports | every report in one window or late |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name, w in wins.items():
             cov = _fmt(100 * w["coverage"], 3) + " %" if w["coverage"] is not None else "–"
             lines.append(f"| {name} | {w['windows']} | {w['final']} | {w['judged']} | {w['covered']} ({cov}) "
-                         f"| {w['reports_in_windows']:,} | {w['late'] if w['late'] is not None else '–'} |")
+                         f"| {w['reports_in_windows']:,} | {w['late'] if w['late'] is not None else '–'} "
+                         f"| {_YES_NO.get(w.get('all_reports_accounted'), '–')} |")
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
