@@ -33,6 +33,8 @@ def _events(schema, n, rng):
     for name in schema.categorical_names:
         cats = list(schema.field(name).categories)
         cols[name] = np.array(cats, dtype=object)[rng.integers(0, len(cats), n)]
+    if schema.event_time is not None:  # hours of 2013, in order
+        cols[schema.event_time.field] = 1356998400 + 3600 * np.arange(n) // 10
     return cols
 
 

@@ -114,10 +114,10 @@ def test_csv_bad_cell_costs_one_row_not_the_column(tmp_path):
     from ingest.schema import TelemetrySchema
 
     path = tmp_path / "f.csv"
-    path.write_text("arr_delay,dep_delay,distance,air_time,hour,carrier,origin,dest\n"
-                    "10,5,1000,120,8,AA,JFK,LAX\n"
-                    "x,5,1000,120,8,AA,JFK,LAX\n"
-                    "-3,2,500,60,9,DL,LGA,ATL\n")
+    path.write_text("arr_delay,dep_delay,distance,air_time,hour,carrier,origin,dest,time_hour\n"
+                    "10,5,1000,120,8,AA,JFK,LAX,2013-01-01T13:00:00Z\n"
+                    "x,5,1000,120,8,AA,JFK,LAX,2013-01-01T13:00:00Z\n"
+                    "-3,2,500,60,9,DL,LGA,ATL,2013-01-01T14:00:00Z\n")
     schema = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml")
     p = Privatizer(schema, rng=np.random.default_rng(1))
     (cols,) = list(open_source(str(path)).iter_batches(10))

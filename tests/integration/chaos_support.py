@@ -21,7 +21,8 @@ from tests.integration import pipeline_support as ps
 N_RECORDS, PER_RECORD, PARTITIONS = 1000, 100, 4
 
 #: The windowed queries of the chaos pipelines (docs/windows.md): tumbling and hopping windows of a
-#: closed-form state, and daily logistic regressions whose panes pass their warm-up and renew.
+#: closed-form state, and 4-day logistic regressions whose panes (≈ 2500 reports per partition)
+#: pass their warm-up and renew.
 WINDOWED_QUERIES = """
 [[queries]]
 kind = "mean"
@@ -41,8 +42,8 @@ name = "late_daily"
 covariates = ["hour"]
 label = "arr_delay"
 threshold = 15.0
-window = { size = "2d", grace = "6h" }
-renewable = { warm_up = 400, batch_size = 100 }
+window = { size = "4d", grace = "6h" }
+renewable = { warm_up = 1000, batch_size = 200 }
 """
 
 

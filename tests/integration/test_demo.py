@@ -48,10 +48,22 @@ def test_report_has_every_query_with_ci_truth_and_n(demo_run):
     out, _ = demo_run
     report = json.loads((out / "report.json").read_text())
     cfg = tomllib.loads((out / "pipeline.toml").read_text())
-    queries = {q["name"]: q["kind"] for q in cfg["queries"]}
+    queries = {q["name"]: q["kind"] for q in cfg["queries"] if "window" not in q}
+    windowed = {q["name"] for q in cfg["queries"] if "window" in q}
     estimated = {r["query"] for r in report["estimates"]}
     pending = {r["query"] for r in report["not_estimated"]}
     assert estimated | pending == set(queries) and not estimated & pending
+    # the windowed queries: every window final, judged against its own truth, every report in
+    # exactly one daily window (none late: the flights are sent in event-time order)
+    assert set(report["windows"]) == windowed == {"arr_delay_mean_daily", "carrier_weekly"}
+    for name in windowed:
+        rows, summ = report["windows"][name], report["windows_summary"][name]
+        assert rows and all(r["final"] for r in rows) and summ["final"] == len(rows)
+        assert summ["all_reports_accounted"] is True and summ["late"] == 0
+        assert all(r["truth"] is not None for r in rows)
+    daily = report["windows"]["arr_delay_mean_daily"]
+    assert sum(r["n"] for r in daily) == report["run"]["reports_processed"]
+    assert [r["start"] for r in daily] == sorted(r["start"] for r in daily)
     # at 20k reports over 4 partitions every partition of the renewable regressions is still in its
     # warm-up (the estimate is the batch fit of the pooled buffers, which may not exist yet); every
     # closed-form / count query must have an estimate

@@ -78,7 +78,7 @@ def poison_corpus(good: bytes, other_schema_record: bytes, rng) -> list[tuple[st
     out.append(("lying_n_cat", patch(good, 30, "<H", 2), "schema_mismatch"))
     out.append(("lying_payload_len_huge", patch(good, codes_block[0] + 8, "<I", 2**31), "truncated"))
     out.append(("lying_payload_len_short", patch(good, codes_block[0] + 8, "<I", codes_block[3] - 1), None))
-    out.append(("bad_version", patch(good, 4, "<B", 2), "unsupported_version"))
+    out.append(("bad_version", patch(good, 4, "<B", 9), "unsupported_version"))  # 1 and 2 exist
     out.append(("reserved_bits", patch(good, 5, "<B", 1), "malformed"))
     for name, v in (("nan", np.nan), ("inf", np.inf), ("-inf", -np.inf)):
         out.append((f"float_{name}", patch(good, _HDR.size + 8 * 3, "<d", v), "non_finite"))
