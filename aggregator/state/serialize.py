@@ -76,9 +76,24 @@ def decode_arrays(obj: Any) -> Any:
     return obj
 
 
+#: Digests by query object (queries are frozen): a windowed query serializes one state per pane.
+_DIGESTS: dict[int, tuple[Query, str]] = {}
+
+
 def query_digest(query: Query) -> str:
     """First 16 hex digits of the SHA-256 of the query spec as canonical JSON (a query without a
     ``window`` has the digest it had before windows existed: its checkpoints stay readable)."""
+    hit = _DIGESTS.get(id(query))
+    if hit is not None and hit[0] is query:
+        return hit[1]
+    digest = _query_digest(query)
+    if len(_DIGESTS) > 4096:
+        _DIGESTS.clear()
+    _DIGESTS[id(query)] = (query, digest)
+    return digest
+
+
+def _query_digest(query: Query) -> str:
     spec = query.model_dump(mode="json")
     if spec.get("window", 0) is None:
         del spec["window"]
