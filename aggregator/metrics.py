@@ -237,6 +237,14 @@ class ServeMetrics:
         if window.get("end_s") is not None:
             self.window_end.labels(query=query).set(float(window["end_s"]))
 
+    def clear_window(self, query: str) -> None:
+        """Remove the ``ldp_window_*`` series of ``query`` (it has no final window any more, e.g.
+        a partition became busy again): a dashboard then shows no value rather than a stale one."""
+        for gauge in (self.window_value, self.window_stderr, self.window_ci_lower, self.window_ci_upper,
+                      self.window_reports, self.window_end):
+            for labels in [k for k in list(getattr(gauge, "_metrics", {})) if k and k[0] == query]:
+                gauge.remove(*labels)
+
     def set_estimate(self, query: str, estimate: Mapping) -> None:
         """Publish one query's estimate.
 

@@ -269,6 +269,8 @@ class EstimateStore:
                 est = latest_final(windows[name])
                 if "error" not in est:
                     self.metrics.set_window(name, est)
+                else:
+                    self.metrics.clear_window(name)
             else:
                 est = (estimate_payload(name, merged[name]) if name in merged
                        else {"query": name, "n": 0, "error": missing})

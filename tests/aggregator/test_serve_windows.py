@@ -312,3 +312,22 @@ def test_tombstoned_pane_records_disappear_from_the_windows():
     store2 = EstimateStore(rt)
     store2.set_checkpoints({k: v for k, (v, _) in early.items()}, {k: i for k, (_, i) in early.items()})
     assert gone[0] in [r["start_s"] for r in store2.windows("m")["windows"]]
+
+
+def test_window_gauges_are_removed_when_no_window_is_final():
+    """A windowed query that loses its last final window (a partition busy again) shows no
+    ldp_window_* value rather than the stale one."""
+    from aggregator.metrics import ServeMetrics
+
+    m = ServeMetrics()
+    m.set_window("w", {"params": ["mean"], "value": [1.0], "stderr": [0.1], "ci_low": [0.8],
+                       "ci_high": [1.2], "n": 5, "end_s": 100})
+    m.set_window("other", {"params": ["mean"], "value": [2.0], "stderr": [0.1], "ci_low": [1.8],
+                           "ci_high": [2.2], "n": 5, "end_s": 100})
+    text = m.exposition().decode()
+    assert 'ldp_window_estimate{param="mean",query="w"} 1.0' in text
+    m.clear_window("w")
+    text = m.exposition().decode()
+    assert 'query="w"' not in text
+    assert 'ldp_window_estimate{param="mean",query="other"} 2.0' in text
+    assert 'ldp_window_end_timestamp_seconds{query="other"} 100.0' in text
