@@ -528,7 +528,11 @@ def _window_params(params: Mapping) -> tuple[int | None, int | None, int | None]
             return None
         if re.fullmatch(r"-?[0-9]+", v):
             return int(v)
-        return parse_iso_utc(v, key)
+        try:
+            return parse_iso_utc(v, key)
+        except ValueError:
+            raise ValueError(f"{key} must be an ISO-8601 time like \"2013-01-01T00:00:00Z\" or Unix "
+                             f"seconds, got {v!r}") from None
 
     lo, hi = when("from"), when("to")
     limit = params.get("limit")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aggregator.errors import AggregatorError
-from ingest.event_time import MAX_EVENT_TIME, iso_utc
+from ingest.event_time import iso_utc
 
 __all__ = ["PartitionClock", "WindowView", "final_horizon", "latest_final", "merge_panes", "window_meta",
            "window_rows"]
@@ -37,26 +37,29 @@ class PartitionClock:
     idle : bool
         Caught up and without a new checkpoint for the idle timeout (or empty): it does not
         hold windows open.
+    pane_end : int or None
+        End of the pane of its latest event time (None: no report yet).
     """
 
     partition: int
     watermark: int | None
     idle: bool = False
+    pane_end: int | None = None
 
 
 def final_horizon(clocks: list[PartitionClock]) -> int | None:
     """The time up to which windows are final: the smallest watermark of the partitions that
-    are not idle; :data:`ingest.event_time.MAX_EVENT_TIME` when every partition is idle (no
-    partition holds a window open); ``None`` (no window is final) when a busy partition has no
-    watermark yet or there is no partition.
+    are not idle; when every partition is idle (none holds a window open), the end of the pane
+    of the latest event time of any partition — every window of the data so far is final, a
+    hopping window reaching past the data is not; ``None`` (no window is final) when a busy
+    partition has no watermark yet, or there is no report.
 
     A window ``[start, end)`` is final when ``end ≤`` this horizon.
     """
-    if not clocks:
-        return None
     busy = [c for c in clocks if not c.idle]
     if not busy:
-        return MAX_EVENT_TIME
+        ends = [c.pane_end for c in clocks if c.pane_end is not None]
+        return max(ends) if ends else None
     if any(c.watermark is None for c in busy):
         return None
     return min(c.watermark for c in busy)
@@ -179,6 +182,7 @@ class WindowView:
         self.idle_timeout_s = float(idle_timeout_s)
         self._panes: dict[bytes, tuple[int, object]] = {}  # pane key → (offset, restored state)
         self._rows: dict[str, dict] = {name: {} for name in runtime.windowed}
+        self._horizons: dict[str, int] = {}  # the largest horizon served per query
         self._templates = {}
 
     def _pane(self, key: bytes, blob: bytes, offset: int, name: str):
@@ -254,8 +258,16 @@ class WindowView:
                     continue
                 caught_up = end is not None and ck.next_offset >= end
                 idle = caught_up and now - ck.created >= self.idle_timeout_s
-                clocks.append(PartitionClock(p, restored[p][name].watermark, idle))
-            horizon = final_horizon(clocks)
+                st = restored[p][name]
+                met = st.max_event_time
+                pane_end = None if met is None else met - met % st.hop_s + st.hop_s
+                clocks.append(PartitionClock(p, st.watermark, idle, pane_end))
+            # finality only moves forward: a partition that wakes up does not take it back
+            new = final_horizon(clocks)
+            old = self._horizons.get(name)
+            horizon = old if new is None or (old is not None and old > new) else new
+            if horizon is not None:
+                self._horizons[name] = horizon
             merged = merge_panes(held, published)
             size, hop = template.size_s, template.hop_s
 

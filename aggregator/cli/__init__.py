@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ldp-stream: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ldp-stream analyze --json | head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except (LdpStreamError, ValueError) as exc:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(store, privacy=privacy)
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     print(f"ldp-stream serve: pipeline {runtime.name!r}, estimates on {url}/estimates (also "
-          "/privacy, /healthz, /readyz, /metrics); Ctrl-C to stop", file=sys.stderr, flush=True)
+          "/windows/{query}, /privacy, /healthz, /readyz, /metrics); Ctrl-C to stop",
+          file=sys.stderr, flush=True)
     try:
         run_server(app, host=host, port=port)
     finally:

@@ -338,7 +338,8 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         write_outputs(out, report, progress.history, known, schema)
         print_summary(console, report, out)
         if opts.keep_running:
-            console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · privacy "
+            console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · windows "
+                          f"{serve_url}/windows/<query> · privacy "
                           f"{serve_url}/privacy · health {serve_url}/healthz, {serve_url}/readyz · "
                           f"serve metrics {serve_url}/metrics · worker metrics "
                           + " ".join(w.url for w in workers)
@@ -546,15 +547,22 @@ def _watch(progress, n_total, workers, serve, children, opts, truth, console) ->
 
 
 def _wait_windows(serve_url: str, names: list[str], timeout: float) -> dict:
-    """Serve's ``/windows/{query}`` of each windowed query once every window is final (the
-    partitions are idle after the stream: ``window_idle_timeout_s``), or as it stands at the
-    ``timeout``."""
+    """Serve's ``/windows/{query}`` of each windowed query once every window of the data is
+    final (the partitions are idle after the stream: ``window_idle_timeout_s``; hopping windows
+    that reach past the last day stay open), or as it stands at the ``timeout``."""
+    def done(body: dict) -> bool:
+        rows = body.get("windows") or []
+        if not rows:
+            return False
+        data_end = rows[-1]["start_s"] + body["window"]["hop_s"]  # the last pane's end
+        return all(r.get("final") for r in rows if r["end_s"] <= data_end)
+
     deadline = time.monotonic() + timeout
     out: dict = {}
     while names and time.monotonic() < deadline:
-        with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+        with contextlib.suppress(urllib.error.URLError, OSError, ValueError, KeyError):
             out = {n: _http_json(f"{serve_url}/windows/{n}") for n in names}
-            if all(b.get("windows") and all(r.get("final") for r in b["windows"]) for b in out.values()):
+            if all(done(b) for b in out.values()):
                 return out
         time.sleep(0.5)
     if names:

@@ -19,7 +19,7 @@ from aggregator.windows import (
     merge_panes,
     window_rows,
 )
-from ingest.event_time import MAX_EVENT_TIME, iso_utc
+from ingest.event_time import iso_utc
 from tests.aggregator.window_support import T0, plain_state, timed, windowed_runtime
 
 M = {"kind": "mean", "name": "m", "field": "a", "window": {"size": "20s", "hop": "10s"}}
@@ -34,8 +34,8 @@ def runtime():
 
 
 # ------------------------------------------------------------------ final_horizon
-def C(p, wm, idle=False):
-    return PartitionClock(p, wm, idle)
+def C(p, wm, idle=False, pane_end=None):
+    return PartitionClock(p, wm, idle, pane_end)
 
 
 @pytest.mark.parametrize(("clocks", "want"), [
@@ -45,9 +45,10 @@ def C(p, wm, idle=False):
     ([C(0, 100), C(1, None)], None),                     # a busy partition without watermark: nothing final
     ([C(0, None), C(1, 50, True)], None),
     ([C(0, 100), C(1, None, True)], 100),                # idle and empty
-    # every partition idle: none holds a window open, every window is final (docs/windows.md §4)
-    ([C(0, 100, True), C(1, 50, True), C(2, None, True)], MAX_EVENT_TIME),
-    ([C(0, None, True), C(1, None, True)], MAX_EVENT_TIME),
+    # every partition idle: none holds a window open, every window of the data is final — up to
+    # the end of the latest pane (docs/windows.md §4)
+    ([C(0, 100, True, 130), C(1, 50, True, 80), C(2, None, True)], 130),
+    ([C(0, None, True), C(1, None, True)], None),
 ])
 def test_final_horizon(clocks, want):
     assert final_horizon(clocks) == want
@@ -143,8 +144,9 @@ def test_compute_merges_partitions_and_published_panes(runtime):
     ({0: 250, 1: 250}, 1000, T0 + 61),
     ({0: 250, 1: 200, 2: 5}, 1000, None),  # partition 2 has reports and no checkpoint: nothing final
     ({0: 250, 1: 200, 2: 0}, 1000, T0 + 95),  # an empty partition is idle
-    ({0: 200, 1: 200}, 1000, MAX_EVENT_TIME),  # every partition idle: every window is final
-    ({0: 200, 1: 200, 2: 0, 3: 0}, 10**6, MAX_EVENT_TIME),
+    # every partition idle: final up to the end of the latest pane (partition 0's, T0+95 → T0+100)
+    ({0: 200, 1: 200}, 1000, T0 + 100),
+    ({0: 200, 1: 200, 2: 0, 3: 0}, 10**6, T0 + 100),
 ])
 def test_compute_finality_with_idle_and_busy_partitions(runtime, ends, age, horizon):
     now = T0 + 10**7
@@ -155,6 +157,24 @@ def test_compute_finality_with_idle_and_busy_partitions(runtime, ends, age, hori
     assert out["horizon"] == (None if horizon is None else iso_utc(horizon))
     for r in out["windows"]:
         assert r["final"] == (horizon is not None and r["end_s"] <= horizon)
+
+
+def test_finality_never_moves_back(runtime):
+    """Windows served as final stay final: once every partition was idle (horizon T0+100), a
+    partition holding windows open again (horizon T0+61) does not take the horizon back."""
+    now = T0 + 10**7
+    restored, cks, panes, _ = _partitions(runtime, now)
+    old = {p: Checkpoint(ck.pipeline, ck.partition, ck.next_offset, ck.reports, ck.fingerprint, ck.states,
+                         created=now - 1000) for p, ck in cks.items()}
+    view = WindowView(runtime, idle_timeout_s=300)
+    first = view.compute(restored, old, panes, {0: 200, 1: 200}, now)["m"]
+    assert first["horizon"] == iso_utc(T0 + 100)
+    again = view.compute(restored, old, panes, {0: 200, 1: 250}, now)["m"]  # partition 1 busy again
+    assert again["horizon"] == iso_utc(T0 + 100)
+    assert [r["final"] for r in again["windows"]] == [r["final"] for r in first["windows"]]
+    # a view of its own (a serve restart) starts from the partitions as they are
+    assert WindowView(runtime).compute(restored, old, panes, {0: 200, 1: 250}, now)["m"]["horizon"] \
+        == iso_utc(T0 + 61)
 
 
 def test_the_idle_timeout_must_be_positive(runtime):
