@@ -198,8 +198,9 @@ def analyze_windows(rep: Replay, runtime, query, window=None) -> dict:
     ConfigError
         If neither the query nor ``window`` gives windows, or there are no reports.
     """
+    from aggregator.state.windowed import window_starts
     from aggregator.windows import window_meta
-    from ingest.event_time import iso_utc
+    from ingest.event_time import floor_to, iso_utc
 
     spec = window if window is not None else query.window
     if spec is None:
@@ -209,9 +210,8 @@ def analyze_windows(rep: Replay, runtime, query, window=None) -> dict:
     plain = query.model_copy(update={"window": None})
     size, hop = spec.size_s, spec.hop_s
     t = rep.batch.event_time
-    pane = t - np.mod(t, hop)
     rows = []
-    for start in sorted({int(p) - j * hop for p in np.unique(pane) for j in range(size // hop)}):
+    for start in window_starts(np.unique(floor_to(t, hop)), size, hop):
         mask = (t >= start) & (t < start + size)
         row = {"start": iso_utc(start), "end": iso_utc(start + size), "start_s": start,
                "end_s": start + size}

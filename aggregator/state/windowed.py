@@ -23,11 +23,18 @@ import numpy as np
 from aggregator.errors import EmptyStateError, StateError
 from aggregator.state.base import Estimate, State
 from ingest.batch import ReportBatch, concat_batches, slice_batch
+from ingest.event_time import floor_to
 
-__all__ = ["WindowedState", "split_rows"]
+__all__ = ["WindowedState", "split_rows", "window_starts"]
 
 #: The max event time before the first report: far below any event time (no overflow − grace).
 _NEVER = -(1 << 62)
+
+
+def window_starts(panes, size_s: int, hop_s: int) -> list[int]:
+    """Starts of the windows of length ``size_s`` (a multiple of ``hop_s``) that contain any of
+    the pane starts ``panes`` (multiples of ``hop_s``), ascending."""
+    return sorted({int(p) - j * hop_s for p in panes for j in range(size_s // hop_s)})
 
 
 def split_rows(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
@@ -110,7 +117,6 @@ class WindowedState(State):
         self.grace_s, self.retention_s = spec.grace_s, spec.retention_s
         self.inner_class = STATE_CLASSES[self.query.kind]
         self._loss = loss
-        self._construct = construct
         self.panes: dict[int, State] = {}
         self.closed: dict[int, State] = {}
         self._blobs: dict[int, bytes] = {}  # serialized closed panes (they change only by merges)
@@ -121,7 +127,7 @@ class WindowedState(State):
         self.late_listener = None
         self._sent: dict[tuple[str, int], int] = {}  # (kind, start) → next_offset of its send
         # the query must fit the schema (fails here); new panes are empty copies of this one
-        self._blank = self._construct(self.inner_class, self.query, self.schema, self._loss)
+        self._blank = construct(self.inner_class, self.query, self.schema, self._loss)
 
     # ------------------------------------------------------------------------------ panes
     def new_pane(self) -> State:
@@ -144,7 +150,7 @@ class WindowedState(State):
         before = np.empty(n, dtype=np.int64)
         before[0] = prev
         np.maximum(seen[:-1], prev, out=before[1:])
-        pane = t - np.mod(t, hop)
+        pane = floor_to(t, hop)
         late = pane + hop <= before - self.grace_s
         n_late = int(late.sum())
         self.max_event_time = int(max(prev, int(seen[-1])))
@@ -226,8 +232,7 @@ class WindowedState(State):
 
     def window_starts(self, panes) -> list[int]:
         """Starts of the windows that contain any of the pane starts ``panes``, ascending."""
-        k = self.size_s // self.hop_s
-        return sorted({p - j * self.hop_s for p in panes for j in range(k)})
+        return window_starts(panes, self.size_s, self.hop_s)
 
     def window_state(self, start: int, panes: dict[int, State]) -> State | None:
         """The merge of the panes of window ``[start, start + size)`` found in ``panes`` (None

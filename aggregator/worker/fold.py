@@ -69,7 +69,6 @@ class Folder:
         self.max_record_bytes = max_record_bytes
         self.coalesce = coalesce
         self.max_event_time_skew_s = float(max_event_time_skew_s)
-        self.windowed = tuple(runtime.windowed)
 
     def fold(self, ps: PartitionState, records: list) -> int:
         """Fold ``records`` (kafka-python ``ConsumerRecord``\\ s of ``ps``'s partition, offsets
@@ -117,7 +116,7 @@ class Folder:
         if batch is None or batch.fingerprint != self.runtime.fingerprint \
                 or not all(type(r) is int for r in results):
             return None  # decode again in fold_records, which dead-letters what fails
-        if self.windowed:
+        if self.runtime.windowed:
             batch, skewed = self.event_times(batch, records, results)
             if skewed.any():
                 return None  # fold_records dead-letters the skewed records
@@ -135,7 +134,7 @@ class Folder:
             batch = None
         decoded = [rec for rec, refused in todo if refused is None]
         skewed = iter(())
-        if batch is not None and self.windowed:
+        if batch is not None and self.runtime.windowed:
             ok = [(rec, r) for rec, r in zip(decoded, results, strict=True) if isinstance(r, int)]
             batch, flags = self.event_times(batch, [rec for rec, _ in ok], [r for _, r in ok])
             skewed = iter(flags.tolist())
@@ -146,7 +145,8 @@ class Folder:
             if refused is None:
                 res = next(outcome)
                 if isinstance(res, int) and batch is not None:
-                    span, row = (row, row + res), row + res
+                    span = (row, row + res)
+                    row += res
                     if not next(skewed, False):
                         good.append(rec.value)
                         counts.append(res)
@@ -187,7 +187,7 @@ class Folder:
         """Double each record's rows of ``batch`` with its own seed, update the states and count
         them; returns the batch's report count."""
         x2 = self.runtime.double_many(batch, values, counts)
-        for name in self.windowed:  # the late counter, once per (restored) state
+        for name in self.runtime.windowed:  # the late counter, once per (restored) state
             st = ps.states[name]
             if st.late_listener is None:
                 st.late_listener = self.metrics.late.labels(query=name).inc
