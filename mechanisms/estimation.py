@@ -355,6 +355,9 @@ def _weighted_check_argmin(z: np.ndarray, w: np.ndarray, tau: float) -> float:
 
 def _minimise(closs: CorrectedLoss, x1, x2, t0) -> tuple[np.ndarray, bool, str]:
     L = closs.loss
+    own = getattr(L, "minimise", None)
+    if own is not None:  # a loss with its own batch fit (k-means, mixtures: docs/mechanisms.md §7)
+        return own(closs, x1, x2, t0)
     xref = x2 if closs.method == "sl" else x1
     if t0 is None:
         t0 = L.initial_theta(xref)

@@ -1,0 +1,334 @@
+"""DR k-means: the k-means risk as a loss, and its safeguarded DR-Lloyd fixed point with restarts.
+
+Source: docs/mechanisms.md §7.1–§7.2. The k-means loss ``ℓ(x, C) = min_j ‖x − c_j‖²`` is
+continuous in ``x``, so its DR corrected version ``[ℓ(x̃₁, C) − (1 − δ) ℓ(x̃₂, C)]/δ`` is unbiased
+for the raw data's k-means risk (Lu, Chen & Qiu, arXiv 2501.15127, §4) and its minimiser is
+consistent for the population k-means centres. It is *not* twice differentiable in ``x`` (SL/SDR
+do not apply) and its θ-gradient jumps where a record changes cell, so the sandwich's V is a
+kernel-smoothed Hessian (:meth:`KMeansLoss.smoothed_hessian`; Pollard 1982, "A central limit
+theorem for k-means clustering", gives its population form).
+
+Parameters ``θ`` are the centres ``C`` (k, p), stored row after row (``θ = C.ravel()``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mechanisms._validate import check_finite_array
+from mechanisms.errors import ParameterError
+from mechanisms.losses.base import Loss, _robust_spread
+from mechanisms.mixtures.components import match_components
+
+__all__ = ["KMeansLoss", "corrected_weights", "weighted_lloyd"]
+
+#: Largest number of components of the mixture estimators.
+MAX_COMPONENTS = 50
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+
+
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= int(k) <= MAX_COMPONENTS:
+        raise ParameterError(f"k must be an integer in [1, {MAX_COMPONENTS}], got {k!r}")
+    return int(k)
+
+
+def _check_p(p) -> int:
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or int(p) < 1:
+        raise ParameterError(f"p must be an integer >= 1 (fields per record), got {p!r}")
+    return int(p)
+
+
+def sq_distances(x: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """``‖x_i − c_j‖²``: x (n, p), centres (k, p) → (n, k), clipped at 0."""
+    d = (x * x).sum(axis=1)[:, None] - 2.0 * (x @ centres.T) + (centres * centres).sum(axis=1)[None]
+    return np.maximum(d, 0.0)
+
+
+def corrected_weights(closs, n: int) -> tuple[float, float]:
+    """Per-record weights ``(w₁, w₂)`` of ``x̃₁`` and ``x̃₂`` in a corrected sum: DR
+    ``(1/δ, −(1−δ)/δ)``; naive and oracle ``(1, 0)``.
+
+    Raises
+    ------
+    ParameterError
+        For SL/SDR (the k-means and mixture risks need DR).
+    """
+    if closs.method == "dr":
+        d = closs.zero_prob
+        return 1.0 / d, -(1.0 - d) / d
+    if closs.method in ("naive", "oracle"):
+        return 1.0, 0.0
+    raise ParameterError(f"method {closs.method!r} does not apply to {closs.loss.name}; use 'dr'")
+
+
+def stacked(closs, x1: np.ndarray, x2: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The records and their corrected weights as one weighted sample ``(z (m, p), w (m,))``."""
+    w1, w2 = corrected_weights(closs, x1.shape[0])
+    if w2 == 0.0:
+        return x1, np.full(x1.shape[0], w1)
+    return np.vstack([x1, x2]), np.concatenate([np.full(x1.shape[0], w1), np.full(x2.shape[0], w2)])
+
+
+def _nearest(z: np.ndarray, zz: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centre and squared distance per row, given ``zz = ‖z‖²`` per row."""
+    g = (C * C).sum(axis=1)[None] - 2.0 * (z @ C.T)
+    a = g.argmin(axis=1)
+    return a, np.maximum(zz + g[np.arange(a.size), a], 0.0)
+
+
+def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_iter: int = 500,
+                   tol: float = 1e-6) -> tuple[np.ndarray, bool, np.ndarray]:
+    """Safeguarded Lloyd iterations on a weighted sample (weights may be negative: DR).
+
+    Each step moves every centre whose cell has a positive total weight ``W_j`` to the weighted
+    mean of its cell (the DR-Lloyd fixed point ``c_j = [Σ_{x̃₁∈V_j} x̃₁ − (1−δ)Σ_{x̃₂∈V_j} x̃₂] /
+    [N₁ⱼ − (1−δ)N₂ⱼ]``, docs/mechanisms.md §7.2). With negative weights a Lloyd step need not
+    descend, so the step is halved (up to 10 times) until the weighted risk ``Σ w_i min_j ‖z_i −
+    c_j‖²`` does not increase; a step that cannot be made stops the iteration.
+
+    Parameters
+    ----------
+    z : ndarray (m, p); w : ndarray (m,); centres : ndarray (k, p), the start
+    max_iter : int
+    tol : float
+        Stop when no centre moves more than ``tol`` (units of z).
+
+    Returns
+    -------
+    (centres (k, p), converged, cell_weights (k,))
+        ``cell_weights`` are the ``W_j`` at the result; a centre with ``W_j ≤ 0`` is not
+        identified by the data (it did not move).
+    """
+    k, p = centres.shape
+    C = np.array(centres, dtype=np.float64)
+    zz = (z * z).sum(axis=1)
+    a, d = _nearest(z, zz, C)
+    F = float(w @ d)
+    for _ in range(max_iter):
+        W = np.bincount(a, w, minlength=k)
+        S = np.stack([np.bincount(a, w * z[:, j], minlength=k) for j in range(p)], axis=1)
+        ok = W > 1e-12 * np.abs(w).sum()
+        target = C.copy()
+        target[ok] = S[ok] / W[ok, None]
+        step = target - C
+        t, moved = 1.0, False
+        for _halving in range(11):
+            Ct = C + t * step
+            at, dt = _nearest(z, zz, Ct)
+            Ft = float(w @ dt)
+            if Ft <= F + 1e-12 * abs(F):
+                moved = True
+                break
+            t *= 0.5
+        if not moved:
+            return C, True, np.bincount(a, w, minlength=k)
+        shift = float(np.abs(Ct - C).max())
+        C, a, F = Ct, at, Ft
+        if shift <= tol:
+            return C, True, np.bincount(a, w, minlength=k)
+    return C, False, np.bincount(a, w, minlength=k)
+
+
+def kmeans_plus_plus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007) on the rows of ``x`` (n, p) → (k, p)."""
+    n = x.shape[0]
+    C = np.empty((k, x.shape[1]))
+    C[0] = x[rng.integers(n)]
+    d = sq_distances(x, C[:1])[:, 0]
+    for j in range(1, k):
+        tot = d.sum()
+        i = int(rng.choice(n, p=d / tot)) if tot > 0 else int(rng.integers(n))
+        C[j] = x[i]
+        d = np.minimum(d, sq_distances(x, C[j:j + 1])[:, 0])
+    return C
+
+
+class KMeansLoss(Loss):
+    """The k-means risk ``ℓ(x, C) = min_j ‖x − c_j‖²`` of ``k`` centres in ``p`` columns.
+
+    Parameters
+    ----------
+    k : int
+        Number of centres, 1 … 50.
+    p : int
+        Record width (every column noised), ≥ 1.
+    box : (low, high), optional
+        Bounds of the raw data per column (arrays (p,) or scalars), in the units of the records.
+        Used only to seed the fit: the centres are seeded on the reports inside the box (the
+        exact ones among them), not on the noise. Default: no box (all reports).
+    n_init : int
+        Seeded restarts of the batch fit (1 … 100; default 5); the fit with the lowest corrected
+        risk is kept.
+    seed : int
+        Seed of the restarts: the fit is a deterministic function of the reports.
+
+    Notes
+    -----
+    ``θ = C.ravel()`` (q = k·p). :meth:`minimise` is the batch fit that
+    :func:`mechanisms.estimation.m_estimate` uses for this loss: per restart, k-means++ seeding,
+    Lloyd on ``x̃₁`` (naive), then the safeguarded DR-Lloyd iteration (:func:`weighted_lloyd`).
+    The sub-gradient is ``2(c_a − x)`` for the nearest centre ``a``. docs/mechanisms.md §7.1–§7.2.
+
+    Raises
+    ------
+    ParameterError
+        ``k``, ``p``, ``n_init`` out of range, or a box that is not finite with low < high.
+    """
+
+    smooth = False
+    smooth_theta = False
+    name = "kmeans"
+
+    def __init__(self, k: int, p: int, *, box=None, n_init: int = 5, seed: int = 0) -> None:
+        self.k, self.p = _check_k(k), _check_p(p)
+        self.noised = tuple(range(self.p))
+        if isinstance(n_init, bool) or not isinstance(n_init, (int, np.integer)) or not 1 <= n_init <= 100:
+            raise ParameterError(f"n_init must be an integer in [1, 100], got {n_init!r}")
+        self.n_init, self.seed = int(n_init), int(seed)
+        self.box = None
+        if box is not None:
+            lo = np.broadcast_to(check_finite_array("box low", box[0], ndim=(0, 1)), (self.p,))
+            hi = np.broadcast_to(check_finite_array("box high", box[1], ndim=(0, 1)), (self.p,))
+            if np.any(lo >= hi):
+                raise ParameterError("box: low must be < high in every column")
+            self.box = (np.array(lo), np.array(hi))
+
+    #: Per-component widths of the parameter groups (mechanisms.mixtures.components).
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return (self.p,)
+
+    def n_params(self, p: int) -> int:
+        return self.k * self.p
+
+    def min_columns(self) -> int:
+        return self.p
+
+    def _check_records(self, x, name):
+        if x.shape[1] != self.p:
+            raise ParameterError(f"{name} must have exactly {self.p} column(s), got shape {x.shape}")
+
+    def centres(self, theta: np.ndarray) -> np.ndarray:
+        """The centres (k, p) of a parameter vector."""
+        return np.asarray(theta, dtype=np.float64).reshape(self.k, self.p)
+
+    # -- values -------------------------------------------------------------------------------
+    def value(self, x, theta):
+        return sq_distances(x, self.centres(theta)).min(axis=1)
+
+    def grad(self, x, theta):
+        C = self.centres(theta)
+        a = sq_distances(x, C).argmin(axis=1)
+        out = np.zeros((x.shape[0], self.k, self.p))
+        out[np.arange(x.shape[0]), a] = 2.0 * (C[a] - x)
+        return out.reshape(x.shape[0], -1)
+
+    def _two_nearest(self, x, C):
+        d = sq_distances(x, C)
+        if self.k == 1:
+            z = np.zeros(x.shape[0], dtype=np.int64)
+            return z, z, np.full(x.shape[0], np.inf)
+        part = np.argpartition(d, 1, axis=1)[:, :2]
+        rows = np.arange(x.shape[0])
+        d0, d1 = d[rows, part[:, 0]], d[rows, part[:, 1]]
+        swap = d1 < d0
+        a = np.where(swap, part[:, 1], part[:, 0])
+        b = np.where(swap, part[:, 0], part[:, 1])
+        return a, b, np.abs(d1 - d0)
+
+    def residual_spread(self, x, theta):
+        """Robust spread (IQR/1.349) of the gap ``‖x − c_b‖² − ‖x − c_a‖²`` between the
+        nearest and second-nearest centre, the variable the sub-gradient jumps in."""
+        if self.k == 1:
+            return 1.0
+        gap = self._two_nearest(x, self.centres(theta))[2]
+        s = float(_robust_spread(gap[:, None])[0])
+        return s if math.isfinite(s) and s > 0 else 1.0
+
+    def smoothed_hessian(self, x, theta, bandwidth):
+        """Mean θ-Hessian with the cell indicators' jumps smoothed by a Gaussian kernel, (q, q).
+
+        For a record with nearest centre ``a``, second-nearest ``b`` and gap ``S = ‖x − c_b‖² −
+        ‖x − c_a‖² ≥ 0``: ``2I`` on block (a, a) and, with ``K = φ(S/h)/h``, ``u_j = c_j − x``:
+        ``−4K u_a u_aᵀ`` on (a, a), ``−4K u_b u_bᵀ`` on (b, b), ``4K u_a u_bᵀ`` on (a, b) and its
+        transpose on (b, a) — the kernel estimate of Pollard's boundary terms
+        (docs/mechanisms.md §7.2). ``bandwidth`` is in units of the squared distance.
+        """
+        C = self.centres(theta)
+        n, k, p = x.shape[0], self.k, self.p
+        a, b, S = self._two_nearest(x, C)
+        H = np.zeros((k, p, k, p))
+        cnt = np.bincount(a, minlength=k) / n
+        for j in range(k):
+            H[j, :, j, :] = 2.0 * cnt[j] * np.eye(p)
+        if k > 1:
+            h = float(bandwidth)
+            K = np.exp(-0.5 * (S / h) ** 2) / (h * _SQRT_2PI)
+            keep = K > 1e-12 * K.max() if K.size and K.max() > 0 else np.zeros(n, bool)
+            ua, ub, Kk = C[a[keep]] - x[keep], C[b[keep]] - x[keep], 4.0 * K[keep] / n
+            aa, bb = a[keep], b[keep]
+            for j in range(k):
+                for m in range(k):
+                    if j == m:
+                        sel_a, sel_b = aa == j, bb == j
+                        blk = -(ua[sel_a].T * Kk[sel_a]) @ ua[sel_a] - (ub[sel_b].T * Kk[sel_b]) @ ub[sel_b]
+                    else:
+                        s1 = (aa == j) & (bb == m)
+                        s2 = (aa == m) & (bb == j)
+                        blk = (ua[s1].T * Kk[s1]) @ ub[s1] + (ub[s2].T * Kk[s2]) @ ua[s2]
+                    H[j, :, m, :] += blk
+        H = H.reshape(k * p, k * p)
+        return 0.5 * (H + H.T)
+
+    def theta_scale(self, x, theta):
+        return np.tile(_robust_spread(x), self.k)
+
+    # -- the batch fit ------------------------------------------------------------------------
+    def _seed_rows(self, x: np.ndarray) -> np.ndarray:
+        if self.box is None:
+            return x
+        inside = np.all((x >= self.box[0]) & (x <= self.box[1]), axis=1)
+        return x[inside] if inside.sum() >= 4 * self.k else x
+
+    def initial_theta(self, x):
+        rows = self._seed_rows(x)
+        rng = np.random.default_rng(self.seed)
+        return kmeans_plus_plus(rows, min(self.k, rows.shape[0]), rng).ravel() if rows.shape[0] >= self.k \
+            else np.resize(rows, (self.k, self.p)).ravel()
+
+    def minimise(self, closs, x1, x2, theta0) -> tuple[np.ndarray, bool, str]:
+        """Batch fit of the corrected k-means risk (class Notes); returns ``(θ, converged, how)``.
+
+        Raises
+        ------
+        ParameterError
+            Fewer reports than centres.
+        """
+        if x1.shape[0] < self.k:
+            raise ParameterError(f"k = {self.k} centres need at least {self.k} reports, got {x1.shape[0]}")
+        z, w = stacked(closs, x1, x2)
+        rng = np.random.default_rng(self.seed)
+        seeds = self._seed_rows(x1)
+        starts = [] if theta0 is None else [self.centres(theta0)]
+        for _ in range(self.n_init):
+            C0 = kmeans_plus_plus(seeds, self.k, rng)
+            starts.append(weighted_lloyd(seeds, np.ones(seeds.shape[0]), C0, max_iter=100, tol=1e-6)[0])
+        distinct = []
+        for C0 in starts:  # restarts that reached the same naive solution need one DR run
+            if not any(np.abs(C0[match_components(D, C0)] - D).max() <= 1e-4 for D in distinct):
+                distinct.append(C0)
+        best = None
+        for C0 in distinct:
+            C, conv, W = weighted_lloyd(z, w, C0)
+            F = float(w @ sq_distances(z, C).min(axis=1))
+            key = (not bool(np.all(W > 0)), F)
+            if best is None or key < best[0]:
+                best = (key, C, conv)
+        (_, F), C, conv = best
+        return C.ravel(), conv, f"DR-Lloyd, best of {len(distinct)} distinct starts"
+
+    def __repr__(self) -> str:
+        return f"KMeansLoss(k={self.k}, p={self.p})"
