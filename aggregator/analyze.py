@@ -296,7 +296,8 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
     :func:`mechanisms.estimation.dr_quantile`; ``logistic_regression`` runs the exact fit of the
     logistic loss with the label ``1{label > threshold}`` (or the noised 0/1 label field itself);
     ``frequency`` folds the replayed batch into the query's state (its estimator is already the
-    batch one for counts).
+    batch one for counts); ``kmeans`` and ``gaussian_mixture`` run the batch fits of
+    :mod:`mechanisms.mixtures.fit`.
 
     Returns
     -------
@@ -340,6 +341,8 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
         return analyze_loss(rep, runtime, loss, list(query.fields), method=query.estimator, name=name,
                             params=query.params, level=level)
     zil = runtime.schema.zil_mechanism() if runtime.schema.numeric_names else None
+    if kind in ("kmeans", "gaussian_mixture"):
+        return _analyze_mixture(rep, runtime, query, zil)
     if kind == "variance":
         j = _columns(runtime, [query.field], "field")
         est = variance_estimate(rep.batch.numeric[:, j[0]], zero_prob=zil.zero_prob,
@@ -356,4 +359,30 @@ def analyze_query(rep: Replay, runtime, query) -> dict:
     st.update(rep.batch, rep.x2)
     out = st.estimate().to_dict()
     out["source"] = "state over the replayed batch"
+    return out
+
+
+def _analyze_mixture(rep: Replay, runtime, query, zil) -> dict:
+    """Batch k-means / Gaussian mixture of the replayed reports (:mod:`mechanisms.mixtures.fit`),
+    with ``notes`` naming the components the data do not determine."""
+    from mechanisms.mixtures import fit_gaussian_mixture, fit_kmeans
+
+    j = _columns(runtime, query.fields, "fields")
+    x1 = rep.batch.numeric[:, j]
+    common = dict(k=query.k, low=zil.low[j], high=zil.high[j], zero_prob=zil.zero_prob,
+                  method=query.estimator, fields=query.fields, level=float(query.level))
+    if query.kind == "kmeans":
+        fit = fit_kmeans(x1, rep.x2[:, j], **common)
+    else:
+        fit = fit_gaussian_mixture(x1, rep.x2[:, j] if query.estimator == "dr" else None,
+                                   scale=zil.coord_scale[j], **common)
+    lo, hi = fit.ci()
+    out = {"query": query.name, "estimator": query.estimator, "n": fit.n, "level": fit.level,
+           "params": list(fit.params), "value": fit.value.tolist(),
+           "stderr": [float(v) if np.isfinite(v) else None for v in fit.stderr],
+           "ci_low": [float(v) if np.isfinite(v) else None for v in lo],
+           "ci_high": [float(v) if np.isfinite(v) else None for v in hi],
+           "converged": fit.converged, "source": f"batch {query.kind} fit"}
+    if fit.unidentified:
+        out["notes"] = [f"component {c}: {why}" for c, why in sorted(fit.unidentified.items())]
     return out

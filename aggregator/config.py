@@ -620,6 +620,6 @@ def _field_keys(q: Query) -> list[tuple[str, str]]:
         return [*[("covariates", c) for c in q.covariates], ("response", q.response)]
     if kind == "logistic_regression":
         return [*[("covariates", c) for c in q.covariates], ("label", q.label)]
-    if kind == "custom":
+    if kind in ("custom", "kmeans", "gaussian_mixture"):
         return [("fields", f) for f in q.fields]
     return [(kind, f) for f in query_fields(q)]  # pragma: no cover

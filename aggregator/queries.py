@@ -21,6 +21,9 @@ kind                        fields                                    estimator
 ``logistic_regression``     ``covariates``, ``label`` [+ threshold]   dr (default) | sdr
 ``quantile_regression``     ``response``, ``covariates``, ``tau``     dr
 ``custom``                  ``loss`` = "module:callable", ``fields``  dr (default) | sdr | sl | naive
+``kmeans``                  ``fields`` (numeric), ``k``               dr (default) | naive
+``gaussian_mixture``        ``fields`` (numeric), ``k``               deconvolution (default) | dr
+                                                                      | naive
 ==========================  ========================================  ==================
 """
 
@@ -47,6 +50,8 @@ __all__ = [
     "SGD_REMOVED",
     "CustomQuery",
     "FrequencyQuery",
+    "GaussianMixtureQuery",
+    "KMeansQuery",
     "LinearRegressionQuery",
     "LogisticRegressionQuery",
     "MeanQuery",
@@ -486,6 +491,47 @@ class CustomQuery(_RenewableQuery, _QueryBase):
         return v
 
 
+class _MixtureQuery(_RenewableQuery, _QueryBase):
+    """Components of numeric fields (docs/mechanisms.md §7), renewable estimation of their loss.
+
+    Attributes
+    ----------
+    fields : tuple of str
+        Numeric fields, distinct, at least one. Distances are measured in box-standardized
+        units (each field scaled by half its schema range).
+    k : int
+        Components, 1 … 50. Components are reported ascending by the first field's centre.
+    """
+
+    fields: tuple[str, ...] = Field(strict=False)
+    k: int = Field(ge=1, le=50)
+
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("fields must name at least one numeric field")
+        if len(set(v)) != len(v):
+            raise ValueError(f"fields must be distinct, got {list(v)}")
+        return v
+
+
+class KMeansQuery(_MixtureQuery):
+    """k-means centres ``"<j>.<field>"``, DR risk (docs/mechanisms.md §7.2)."""
+
+    kind: Literal["kmeans"] = "kmeans"
+    estimator: Literal["dr", "naive"] = "dr"
+
+
+class GaussianMixtureQuery(_MixtureQuery):
+    """Diagonal Gaussian mixture ``"<j>.weight"``, ``"<j>.mean.<field>"``, ``"<j>.var.<field>"``:
+    the exact likelihood of the reports (``deconvolution``, default) or the DR corrected
+    likelihood (``dr``; docs/mechanisms.md §7.3–§7.5)."""
+
+    kind: Literal["gaussian_mixture"] = "gaussian_mixture"
+    estimator: Literal["deconvolution", "dr", "naive"] = "deconvolution"
+
+
 Query = Annotated[
     FrequencyQuery
     | MeanQuery
@@ -494,7 +540,9 @@ Query = Annotated[
     | LinearRegressionQuery
     | LogisticRegressionQuery
     | QuantileRegressionQuery
-    | CustomQuery,
+    | CustomQuery
+    | KMeansQuery
+    | GaussianMixtureQuery,
     Field(discriminator="kind"),
 ]
 """Any query spec (discriminated on ``kind``)."""
@@ -598,7 +646,7 @@ def _shown(value: Any) -> str:
 def _is_union_tag(p: Any) -> bool:
     return isinstance(p, str) and p in {
         "frequency", "mean", "variance", "quantiles", "linear_regression",
-        "logistic_regression", "quantile_regression", "custom",
+        "logistic_regression", "quantile_regression", "custom", "kmeans", "gaussian_mixture",
     }
 
 
@@ -613,6 +661,6 @@ def query_fields(query: Query) -> tuple[str, ...]:
         return (*query.covariates, query.response)
     if isinstance(query, LogisticRegressionQuery):
         return (*query.covariates, query.label)
-    if isinstance(query, CustomQuery):
+    if isinstance(query, (CustomQuery, _MixtureQuery)):
         return query.fields
     raise ConfigError(f"unknown query type {type(query).__name__}")

@@ -5,7 +5,9 @@
 * :class:`HistogramState` — DR CDF and quantiles (``quantiles``);
 * :class:`GramState` — SDR linear regression (``linear_regression``);
 * :class:`RenewableState` — renewable M-estimation of general losses (``logistic_regression``,
-  ``quantile_regression``, ``custom``).
+  ``quantile_regression``, ``custom``);
+* :class:`MixtureState` — the same for k-means and Gaussian mixtures, components matched across
+  partitions (``kmeans``, ``gaussian_mixture``).
 
 Use :func:`build_state` (query, schema) → state. :mod:`aggregator.state.doubling` holds the
 consumer-side doubling (:class:`Doubler`, :func:`doubling_draws`, seeded by the record bytes:
@@ -19,12 +21,13 @@ from aggregator.state.counts import CountsState
 from aggregator.state.doubling import Doubler, double_records, doubling_draws, doubling_seed
 from aggregator.state.gram import GramState
 from aggregator.state.histogram import HistogramState
+from aggregator.state.mixture import MixtureState
 from aggregator.state.moments import MomentsState
 from aggregator.state.registry import STATE_CLASSES, build_state, register_state
 from aggregator.state.renewable import RenewableState
 from aggregator.state.serialize import state_from_bytes, state_to_bytes
 
-for _cls in (CountsState, MomentsState, HistogramState, GramState, RenewableState):
+for _cls in (CountsState, MomentsState, HistogramState, GramState, RenewableState, MixtureState):
     register_state(_cls)
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "Estimate",
     "GramState",
     "HistogramState",
+    "MixtureState",
     "MomentsState",
     "RenewableState",
     "State",

@@ -68,7 +68,11 @@ class Estimate:
     level : float
         Confidence level of ``[ci_low, ci_high]``.
     estimator : str
-        ``"sdr"``, ``"dr"``, ``"sl"``, ``"naive"`` or a frequency method.
+        ``"sdr"``, ``"dr"``, ``"sl"``, ``"naive"``, ``"deconvolution"`` or a frequency method.
+    notes : tuple of str
+        What the estimate cannot say, e.g. ``"component 2: its corrected cell weight … is not
+        positive"`` (k-means and mixtures, docs/mechanisms.md §7.6); the parameters concerned have
+        an infinite ``stderr``. Empty for most estimates.
 
     Raises
     ------
@@ -85,9 +89,11 @@ class Estimate:
     n: int
     level: float
     estimator: str
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(str(p) for p in self.params))
+        object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         k = len(self.params)
         for name in ("value", "stderr", "ci_low", "ci_high"):
             arr = _ro(getattr(self, name))
@@ -103,7 +109,8 @@ class Estimate:
         return (float(self.value[i]), float(self.stderr[i]), float(self.ci_low[i]), float(self.ci_high[i]))
 
     def to_dict(self) -> dict:
-        """JSON-ready dict; non-finite numbers (an infinite stderr/CI) become ``None``."""
+        """JSON-ready dict; non-finite numbers (an infinite stderr/CI) become ``None``; ``notes``
+        only when there are some."""
         def fl(a):
             return [float(v) if math.isfinite(v) else None for v in a]
 
@@ -117,7 +124,7 @@ class Estimate:
             "stderr": fl(self.stderr),
             "ci_low": fl(self.ci_low),
             "ci_high": fl(self.ci_high),
-        }
+        } | ({"notes": list(self.notes)} if self.notes else {})
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Estimate):

@@ -88,9 +88,30 @@ class RenewableState(State):
         zil = zil_of(schema, self.name)
         self.zero_prob = float(zil.zero_prob)
         self.opts = q.renewable
+        noise_var, init, method = self._setup(q, zil, loss)
+        try:
+            self.closs = corrected_loss(self.loss, method, self.zero_prob,
+                                        noise_var if method in ("sdr", "sl") else None)
+            self.engine = Renewable(self.closs, self.cols.size, theta0=init)
+        except ParameterError as exc:
+            raise ConfigError(f"queries.{self.name}.estimator: {exc}") from None
+        self.fit = None
+        #: Buffered reports the next warm-up fit needs (``warm_up``, doubled after a failed fit).
+        self.warm_target = int(self.opts.warm_up)
+        #: Reports dropped after warm-up fits that kept failing (docs/mechanisms.md §6.6).
+        self.dropped = 0
+        self.buf1 = np.zeros((0, self.cols.size))
+        self.buf2 = self.buf1
+        self._kernel = self._kernel_spec()
+
+    def _setup(self, q, zil, loss) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+        """Set the columns, standardization (``shift``, ``scale``), ``loss``, ``params`` and
+        back-transform (``M``, ``a``) of the query; returns ``(noise_var, init, method)``: the SL
+        noise variance per noised column in the loss's units, the warm-up fit's start (or None)
+        and the corrected-loss method."""
         init = None
         if q.kind == "custom":
-            self.cols = numeric_columns(schema, q.fields, self.name, "fields")
+            self.cols = numeric_columns(self.schema, q.fields, self.name, "fields")
             if loss is None:
                 from aggregator.custom_loss import load_custom_loss
 
@@ -114,21 +135,7 @@ class RenewableState(State):
                 raise ConfigError(f"queries.{self.name}: a loss object is only for custom queries, "
                                   f"not {q.kind!r}")
             noise_var = self._regression_setup(q, zil)
-        method = q.estimator
-        try:
-            self.closs = corrected_loss(self.loss, method, self.zero_prob,
-                                        noise_var if method in ("sdr", "sl") else None)
-            self.engine = Renewable(self.closs, self.cols.size, theta0=init)
-        except ParameterError as exc:
-            raise ConfigError(f"queries.{self.name}.estimator: {exc}") from None
-        self.fit = None
-        #: Buffered reports the next warm-up fit needs (``warm_up``, doubled after a failed fit).
-        self.warm_target = int(self.opts.warm_up)
-        #: Reports dropped after warm-up fits that kept failing (docs/mechanisms.md §6.6).
-        self.dropped = 0
-        self.buf1 = np.zeros((0, self.cols.size))
-        self.buf2 = self.buf1
-        self._kernel = self._kernel_spec()
+        return noise_var, init, q.estimator
 
     def _regression_setup(self, q, zil) -> np.ndarray:
         """Columns, standardization, loss and back-transform of a regression query; returns the
@@ -335,13 +342,21 @@ class RenewableState(State):
     def _merge(self, other: RenewableState) -> None:
         from mechanisms.renewable import pool
 
-        fits = [f for f in (self.fit, other.fit) if f is not None]
+        theirs = other.fit
+        if self.fit is not None and theirs is not None:
+            theirs = self._aligned(theirs)
+        fits = [f for f in (self.fit, theirs) if f is not None]
         self.fit = pool(fits) if fits else None
         self.dropped += other.dropped
         self.warm_target = max(self.warm_target, other.warm_target)
         if other.buf1.shape[0]:
             self.buf1 = np.vstack([self.buf1, other.buf1])
             self.buf2 = np.vstack([self.buf2, other.buf2]) if self._two else self.buf1
+
+    def _aligned(self, fit):
+        """``fit`` (another partition's) with its parameters in this state's order before pooling
+        (k-means and mixtures match components; identity here)."""
+        return fit
 
     # ------------------------------------------------------------------ estimate
     def current_fit(self):

@@ -164,8 +164,9 @@ def unidentified_components(loss, theta: np.ndarray, H: np.ndarray | None, n: in
                             cell_weights: np.ndarray | None = None) -> dict[int, str]:
     """Components (fit order) the data do not determine, with the reason.
 
-    * k-means: a centre outside the box (raw values are inside it), or a cell whose corrected weight ``N₁ⱼ − (1−δ)N₂ⱼ`` (or, without data, the
-      diagonal block ``≈ 2·W_j`` of ``H``) is not positive — the DR-Lloyd denominator;
+    * k-means: a centre outside the box (raw values are inside it), or a cell whose corrected
+      weight ``N₁ⱼ − (1−δ)N₂ⱼ`` (or, without data, the diagonal block ``≈ 2·W_j`` of ``H``) is
+      not positive — the DR-Lloyd denominator;
     * mixtures: a weight below ``10·(1 + 2p)/n`` (fewer than 10 reports per parameter of the
       component), or a mean or variance on the bound of the fit;
     * any: a diagonal block of ``H`` that is not positive definite, or a non-finite estimate.

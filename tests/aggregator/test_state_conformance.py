@@ -38,6 +38,8 @@ QUERIES = [
      "renewable": _RENEW},
     {"kind": "custom", "name": "cu", "loss": "benchmarks.paper_losses:relu_loss", "fields": ["b"],
      "renewable": _RENEW},
+    {"kind": "kmeans", "name": "km", "fields": ["a", "b"], "k": 2, "renewable": _RENEW},
+    {"kind": "gaussian_mixture", "name": "gm", "fields": ["a", "b"], "k": 2, "renewable": _RENEW},
 ]
 EXACT_KINDS = {"frequency", "mean", "variance", "quantiles", "linear_regression"}
 IDS = [q["name"] for q in QUERIES]
@@ -57,7 +59,7 @@ def test_every_registered_kind_is_exercised():
     kinds = {q["kind"] for q in QUERIES}
     assert kinds == set(STATE_CLASSES)
     assert {c.__name__ for c in STATE_CLASSES.values()} == {
-        "CountsState", "MomentsState", "HistogramState", "GramState", "RenewableState"}
+        "CountsState", "MomentsState", "HistogramState", "GramState", "RenewableState", "MixtureState"}
 
 
 @pytest.mark.parametrize("qd", QUERIES, ids=IDS)
@@ -253,10 +255,10 @@ def test_a_resolved_custom_loss_is_used_and_restoring_imports_no_user_code(schem
 
     if windowed:
         batch, x2 = request.getfixturevalue("timed")
-        spec = WINDOWED[-1]
+        spec = next(q for q in WINDOWED if q["kind"] == "custom")
     else:
         batch, x2, _ = data
-        spec = QUERIES[-1]
+        spec = next(q for q in QUERIES if q["kind"] == "custom")
     assert spec["kind"] == "custom"
     loss = custom_loss.load_custom_loss(spec["loss"])
     want = build_state(spec, schema).update(batch, x2).to_bytes()
