@@ -263,7 +263,7 @@ def m_estimate(
         theta, converged, how = closed, True, "closed form"
     else:
         theta, converged, how = _minimise(closs, a1, a2, t0)
-    cov, check_ok, ratio = _sandwich(closs, a1, a2, theta)
+    cov, check_ok, ratio, V = _sandwich(closs, a1, a2, theta)
     if closed is None:
         # BFGS often stops on "precision loss" at the optimum: the Newton-step check decides.
         converged = check_ok if loss.smooth_theta else (converged and check_ok)
@@ -275,7 +275,7 @@ def m_estimate(
             stacklevel=2,
         )
     logger.debug("m_estimate %s %s n=%d via %s, step ratio %.3g", loss.name, method, n, how, ratio)
-    return MEstimate(theta, cov, n, method, converged, level, {"how": how, "step_ratio": ratio})
+    return MEstimate(theta, cov, n, method, converged, level, {"how": how, "step_ratio": ratio, "V": V})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,8 +453,8 @@ def _smoothed_v(closs: CorrectedLoss, x1, x2, theta, h: float) -> np.ndarray | N
     return 0.5 * (V + V.T)
 
 
-def _sandwich(closs: CorrectedLoss, x1, x2, theta) -> tuple[np.ndarray, bool, float]:
-    """Plug-in ``V⁻¹AV⁻¹/n``; returns (cov, check passed, Newton-step/stderr ratio)."""
+def _sandwich(closs: CorrectedLoss, x1, x2, theta) -> tuple[np.ndarray, bool, float, np.ndarray]:
+    """Plug-in ``V⁻¹AV⁻¹/n``; returns (cov, check passed, Newton-step/stderr ratio, V)."""
     L = closs.loss
     n = x1.shape[0] if x1 is not None else x2.shape[0]
     g = closs.grad(x1, x2, theta)
@@ -473,13 +473,13 @@ def _sandwich(closs: CorrectedLoss, x1, x2, theta) -> tuple[np.ndarray, bool, fl
     eig = np.linalg.eigvalsh(V)
     q = theta.size
     if not np.all(eig > 1e-12 * max(1.0, float(np.abs(eig).max()))):
-        return np.full((q, q), np.inf), False, math.inf
+        return np.full((q, q), np.inf), False, math.inf, V
     Vinv = np.linalg.inv(V)
     cov = Vinv @ A @ Vinv / n
     se = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
     ratio = float(np.max(np.abs(Vinv @ gbar) / se))
     tol = _CONV_TOL_SMOOTH if L.smooth_theta else _CONV_TOL_ROUGH
-    return 0.5 * (cov + cov.T), ratio < tol, ratio
+    return 0.5 * (cov + cov.T), ratio < tol, ratio, V
 
 
 # ---------------------------------------------------------------------------------------------

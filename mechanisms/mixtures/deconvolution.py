@@ -8,10 +8,8 @@ Qiu, arXiv 2501.15127, §3). Given ``W = w`` the report of component ``j`` is Ga
 
     ``g(x) = Σ_j π_j [δ φ(x; μ_j, σ_j²) + (1 − δ) ∫₀^∞ φ(x; μ_j, σ_j² + w s²) e^{−w} dw]``.
 
-The ``w``-integral is a trapezoid rule in ``t = log w`` (:func:`scale_nodes`): the integrand is
-analytic in ``t`` within a strip of half-width π around the real axis and decays doubly
-exponentially at the top, so the rule converges geometrically in the step; the mass below the
-first node is put on ``w = 0``. The loss ``−log g(x)`` needs only the released ``x̃₁`` and is used
+The ``w``-integral is a trapezoid rule in ``t = log w`` (:func:`scale_nodes`; the integrand decays
+doubly exponentially at the top, and the mass below the first node is put on ``w = 0``). The loss ``−log g(x)`` needs only the released ``x̃₁`` and is used
 with ``method = "naive"`` (no correction: it is already the reports' likelihood). It ignores the
 clipping of raw values into the schema bounds (exact when the mixture has no mass outside them).
 
@@ -37,12 +35,14 @@ _LOG_2PI = math.log(2.0 * math.pi)
 _CHUNK = 20_000
 
 
-def scale_nodes(step: float = 0.4, t_min: float = -9.0, t_max: float = 5.0) -> tuple[np.ndarray, np.ndarray]:
+def scale_nodes(step: float = 0.4, t_min: float = -12.0, t_max: float = 5.5) -> tuple[np.ndarray, np.ndarray]:
     """Nodes and weights of ``∫₀^∞ f(w) e^{−w} dw ≈ Σ_l ω_l f(w_l)``.
 
-    Trapezoid rule in ``t = log w`` on ``[t_min, t_max]`` with ``step``, plus the node ``w = 0``
-    carrying ``1 − e^{−w_min}`` (the mass below the first node); the weights are rescaled to sum
-    to 1 (the rule integrates constants exactly).
+    Trapezoid rule in ``t = log w`` on ``[t_min, t_max]`` with ``step`` (half weights at the
+    ends), plus the node ``w = 0`` carrying ``1 − e^{−w_min}``, the mass below the first node.
+    For the defaults ``Σ ω = 1`` and ``Σ ω w = E W = 1`` to 10⁻⁵; the report density is within
+    10⁻³ (relative) of adaptive quadrature for component variances down to 10⁻⁴ of the noise
+    variance and reports up to 10 noise standard deviations from a mean (tests/mechanisms).
 
     Returns
     -------
@@ -51,7 +51,8 @@ def scale_nodes(step: float = 0.4, t_min: float = -9.0, t_max: float = 5.0) -> t
     t = np.arange(t_min, t_max + 1e-12, step)
     w = np.exp(t)
     om = step * w * np.exp(-w)
-    om *= math.exp(-w[0]) / om.sum()
+    om[0] *= 0.5
+    om[-1] *= 0.5
     return np.concatenate([[0.0], w]), np.concatenate([[1.0 - math.exp(-w[0])], om])
 
 

@@ -334,12 +334,13 @@ def _fit(kind: str, x1, x2, k: int, low, high, zero_prob, scale, method: str, fi
         z, w = stacked(corrected_loss(loss, cm, d), u1, u2)
         a, _ = _nearest(z, (z * z).sum(axis=1), loss.centres(theta))
         cw = np.bincount(a, w, minlength=k)
-    bad = unidentified_components(loss, theta, None, u1.shape[0], cw)
+    V = est.info.get("V")
+    bad = unidentified_components(loss, theta, V, u1.shape[0], cw)
     cov = np.asarray(est.cov)
-    if not np.all(np.isfinite(cov)):  # the sandwich's V is not positive definite
+    if not np.all(np.isfinite(cov)):  # V is not positive definite: no sandwich for any component
         for j in range(k):
             bad.setdefault(j, "the corrected Hessian at the fit is not positive definite (the data do not "
-                              "determine this component)")
+                              "determine the fit; see the components named for the reason)")
     value, cov_out, bad = present(loss, theta, np.where(np.isfinite(cov), cov, 0.0), mid, half, bad)
     se = np.sqrt(np.clip(np.diag(cov_out), 0.0, None))
     for msg in caught:
