@@ -8,8 +8,9 @@ Qiu, arXiv 2501.15127, §3). Given ``W = w`` the report of component ``j`` is Ga
 
     ``g(x) = Σ_j π_j [δ φ(x; μ_j, σ_j²) + (1 − δ) ∫₀^∞ φ(x; μ_j, σ_j² + w s²) e^{−w} dw]``.
 
-The ``w``-integral is a trapezoid rule in ``t = log w`` (:func:`scale_nodes`; the integrand decays
-doubly exponentially at the top, and the mass below the first node is put on ``w = 0``). The loss ``−log g(x)`` needs only the released ``x̃₁`` and is used
+The ``w``-integral is a trapezoid rule in ``t = log w`` (:func:`scale_nodes`; the integrand
+decays doubly exponentially at the top, and the mass below the first node is put on ``w = 0``).
+The loss ``−log g(x)`` needs only the released ``x̃₁`` and is used
 with ``method = "naive"`` (no correction: it is already the reports' likelihood). It ignores the
 clipping of raw values into the schema bounds (exact when the mixture has no mass outside them).
 
