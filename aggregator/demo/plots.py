@@ -9,15 +9,22 @@ from pathlib import Path
 import numpy as np
 
 
-def write_all(out: Path, report: dict, history: list, truth: dict, schema) -> list[str]:
+def write_all(out: Path, report: dict, history: list, truth: dict, schema, *, queries=(),
+              raw: dict | None = None) -> list[str]:
     """Write the demo's plots into ``out``; returns the file names written.
+
+    ``queries`` are the pipeline's query specs (for the k-means plot: its fields and k) and
+    ``raw`` the clipped raw values by field (its scatter; ``None``: none).
 
     * ``estimates_over_reports.png`` — every non-frequency estimate with its 95 % CI band against
       the number of reports merged, with the non-private truth as a dashed line;
     * ``frequencies.png`` — frequency estimates (with CIs) against the true frequencies;
     * ``tradeoff.png`` — the ZIL trade-off function of the schema's numeric group;
     * ``windows_<query>.png`` — a one-parameter windowed query's final windows with their CI band
-      against each window's non-private truth.
+      against each window's non-private truth;
+    * ``<query>.png`` — a ``kmeans`` query of two or more fields: the raw values, their k-means
+      centres and the private centres with 95 % intervals
+      (:func:`aggregator.demo.plots_clusters.plot_kmeans`).
     """
     import matplotlib
 
@@ -35,6 +42,12 @@ def write_all(out: Path, report: dict, history: list, truth: dict, schema) -> li
         name = f"windows_{query}.png"
         if plot_windows(out / name, report, query):
             written.append(name)
+    from aggregator.demo.plots_clusters import plot_kmeans
+
+    for q in queries:
+        if q.kind == "kmeans" and q.window is None and plot_kmeans(out / f"{q.name}.png", report, q, raw,
+                                                                   truth, schema):
+            written.append(f"{q.name}.png")
     return written
 
 

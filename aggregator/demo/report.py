@@ -28,14 +28,19 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
                  elapsed_s: float, *, total_s: float, opts: DemoOptions, partial: bool = False,
                  not_ready: dict | None = None, windows: dict | None = None) -> dict:
     """Assemble ``report.json``: every estimate with CI, n, truth and whether the CI covers it;
-    queries that could not estimate yet are listed under ``not_estimated`` with the reason;
-    windowed queries under ``windows``, one row per window with its own truth
-    (:func:`aggregator.demo.windows.window_report`; ``windows``: serve's ``/windows/{query}``)."""
-    rows = []
+    ``notes`` by query: what an estimate says it cannot determine (``Estimate.notes``, e.g. an
+    unidentified k-means component, whose rows have no interval); ``centres``: each ``kmeans``
+    query's components (:func:`_centres`); queries that could not estimate yet are listed under
+    ``not_estimated`` with the reason; windowed queries under ``windows``, one row per window with
+    its own truth (:func:`aggregator.demo.windows.window_report`; ``windows``: serve's
+    ``/windows/{query}``)."""
+    rows, notes = [], {}
     for q in config.queries:
         e = estimates.get(q.name)
         if not e or q.window is not None:
             continue
+        if e.get("notes"):
+            notes[q.name] = [str(n) for n in e["notes"]]
         t = truth.get(q.name, {})
         for i, p in enumerate(e["params"]):
             def at(key, i=i, e=e):
@@ -67,13 +72,42 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
         },
         "privacy": schema.privacy_summary(),
         "summary": {"estimates": len(rows), "with_truth": len(judged),
-                    "covered": int(sum(judged)), "coverage": coverage},
+                    "covered": int(sum(judged)), "coverage": coverage,
+                    # an unidentified component's parameters (Estimate.notes say why)
+                    "without_interval": sum(r["ci_low"] is None or r["ci_high"] is None for r in rows)},
         "estimates": rows,
+        "notes": notes,
+        "centres": {q.name: _centres(q, rows) for q in config.queries
+                    if q.kind == "kmeans" and q.window is None and q.name in estimates},
         "not_estimated": [{"query": q.name, "kind": q.kind, "n": (not_ready or {}).get(q.name, {}).get("n"),
                            "reason": (not_ready or {}).get(q.name, {}).get("error", "no estimate yet")}
                           for q in config.queries if q.name not in estimates and q.window is None],
         **_windows_part(config, schema, windows, prepared, progress.processed, partial),
     }
+
+
+def _centres(query, rows: list[dict]) -> list[dict]:
+    """The components of a ``kmeans`` query's report rows (``"<j>.<field>"``), in order.
+
+    Returns
+    -------
+    list of dict
+        Per component j: ``{"component": j, "estimate", "ci_low", "ci_high", "truth": {field →
+        value or None}, "inside"}``; ``inside`` is whether every coordinate of the raw-data centre
+        lies in its interval (``None``: no interval or no truth, as ``covered``).
+    """
+    by = {r["param"]: r for r in rows if r["query"] == query.name}
+    out = []
+    for j in range(query.k):
+        rs = [by.get(f"{j}.{f}") for f in query.fields]
+        if any(r is None for r in rs):
+            continue
+        cov = [r["covered"] for r in rs]
+        out.append({"component": j,
+                    **{key: {f: r[key] for f, r in zip(query.fields, rs)}
+                       for key in ("estimate", "ci_low", "ci_high", "truth")},
+                    "inside": None if any(c is None for c in cov) else all(cov)})
+    return out
 
 
 def _windows_part(config, schema, windows: dict | None, prepared: _Prepared, processed: int,
@@ -90,8 +124,11 @@ def _windows_part(config, schema, windows: dict | None, prepared: _Prepared, pro
     return out
 
 
-def write_outputs(out: Path, report: dict, history: list, truth: dict, schema) -> None:
-    """Write report.json, report.md and the PNG plots into ``out``."""
+def write_outputs(out: Path, report: dict, history: list, truth: dict, schema, *, queries=(),
+                  raw: dict | None = None) -> None:
+    """Write report.json, report.md and the PNG plots into ``out``; ``queries`` (the pipeline's
+    query specs) and ``raw`` (clipped raw values by field) feed the k-means plots
+    (:func:`aggregator.demo.plots.write_all`)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     (out / "history.json").write_text(json.dumps(
@@ -100,7 +137,7 @@ def write_outputs(out: Path, report: dict, history: list, truth: dict, schema) -
     try:
         from aggregator.demo import plots as demo_plots
 
-        plots = demo_plots.write_all(out, report, history, truth, schema)
+        plots = demo_plots.write_all(out, report, history, truth, schema, queries=queries, raw=raw)
     except ImportError as exc:  # matplotlib missing
         log.warning("plots skipped: %s (install with: pip install matplotlib)", exc)
     (out / "report.md").write_text(render_markdown(report, plots))
@@ -134,7 +171,8 @@ _YES_NO = {True: "yes", False: "no"}
 
 
 def render_markdown(report: dict, plots: list[str]) -> str:
-    """``report.md``: run figures, privacy summary, the estimate table, the windows and the plots."""
+    """``report.md``: run figures, privacy summary, the estimate table with the estimates' notes,
+    the k-means centres against the raw data's, the windows and the plots."""
     run, summ = report["run"], report["summary"]
     lines = ["# ldp-stream demo report" + (" (partial: interrupted)" if report.get("partial") else ""), ""]
     lines += [f"* flights read: {run['flights_read']:,}; reports sent: {run['reports_sent']:,}; "
@@ -152,7 +190,9 @@ def render_markdown(report: dict, plots: list[str]) -> str:
               "The *truth* is computed by the demo from the raw, clipped data — it never leaves the "
               "client in a real deployment and is shown only to judge the estimates.", "",
               f"CI covers the truth for **{summ['covered']} of {summ['with_truth']}** parameters "
-              f"({_fmt(100 * summ['coverage'] if summ['coverage'] is not None else None, 3)} %). "
+              f"({_fmt(100 * summ['coverage'] if summ['coverage'] is not None else None, 3)} %)"
+              + (f"; {summ['without_interval']} parameters have no interval (see the notes below the table)"
+                 if summ.get("without_interval") else "") + ". "
               "A 95 % interval misses about 1 time in 20. The quantile-regression intervals assume a "
               "continuous response: on the flights' whole-minute delays the median regression's "
               "intercept misses more often (docs/benchmarks.md, \"On the real flights data\").", "",
@@ -162,8 +202,22 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         lines.append(f"| {r['query']} | {r['param']} | {_fmt(r['estimate'])} | {_fmt(r['stderr'])} | "
                      f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {_fmt(r['truth'])} | "
                      f"{'yes' if r['covered'] else ('–' if r['covered'] is None else 'no')} | {r['n']} |")
+    for name, ns in (report.get("notes") or {}).items():
+        lines += ["", f"*{name}* notes:"] + [f"* {n}" for n in ns]
     for r in report.get("not_estimated", []):
         lines.append(f"\n*{r['query']}*: no estimate yet — {r['reason']}")
+    for name, comps in (report.get("centres") or {}).items():
+        fs = list(comps[0]["estimate"]) if comps else []
+        lines += ["", f"## k-means centres of {name} against the raw data's (non-private)", "",
+                  "The raw-data centres are scikit-learn's k-means of the clipped values in the "
+                  "same box-standardized metric; *inside*: every coordinate in its 95 % interval.", "",
+                  f"| component | private centre ({', '.join(fs)}) | 95 % CI | raw-data centre | inside |",
+                  "|---|---|---|---|---|"]
+        for c in comps:
+            lines.append(f"| {c['component']} | ({', '.join(_fmt(c['estimate'][f]) for f in fs)}) | "
+                         + " × ".join(f"[{_fmt(c['ci_low'][f])}, {_fmt(c['ci_high'][f])}]" for f in fs)
+                         + f" | ({', '.join(_fmt(c['truth'][f]) for f in fs)}) | "
+                         f"{_YES_NO.get(c['inside'], '–')} |")
     wins = report.get("windows_summary") or {}
     if wins:
         lines += ["", "## Windows (event time, UTC) against each window's non-private truth", "",

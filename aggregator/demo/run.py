@@ -279,6 +279,9 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                   f"({prepared.n_sent / max(prepared.privatize_s, 1e-9):,.0f} reports/s)")
 
     template = PipelineConfig.load(opts.pipeline_path)
+    for q in template.queries:  # the k-means plots of an earlier run
+        if q.kind == "kmeans":
+            (out / f"{q.name}.png").unlink(missing_ok=True)
     truth: dict = {}  # filled in the background while the workers start and the reports stream
 
     def _truth() -> None:
@@ -335,7 +338,8 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                               time.monotonic() - progress.started,
                               total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready,
                               windows=windows)
-        write_outputs(out, report, progress.history, known, schema)
+        write_outputs(out, report, progress.history, known, schema, queries=template.queries,
+                      raw=prepared.raw)
         print_summary(console, report, out)
         if opts.keep_running:
             console.print(f"[bold]running[/]: estimates API {serve_url}/estimates · windows "
@@ -368,7 +372,8 @@ def run_demo(opts: DemoOptions, console=None) -> int:
             partial = build_report(template, schema, progress.estimates, known, progress, prepared,
                                    time.monotonic() - progress.started,
                                    total_s=time.monotonic() - t_start, opts=opts, partial=True)
-            write_outputs(out, partial, progress.history, known, schema)
+            write_outputs(out, partial, progress.history, known, schema, queries=template.queries,
+                          raw=prepared.raw)
             console.print(f"partial report: {out / 'report.md'}")
 
 

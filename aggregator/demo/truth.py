@@ -2,8 +2,9 @@
 
 Used by the demo and the benchmarks to judge estimates; never part of a privacy-preserving
 deployment (the raw data never leaves the client there). Computed independently of the
-estimators: numpy moments and quantiles, category frequencies, least squares, and scipy fits of
-the logistic and check losses.
+estimators: numpy moments and quantiles, category frequencies, least squares, scipy fits of
+the logistic and check losses, and scikit-learn k-means and Gaussian mixtures (scikit-learn is a
+``demo`` extra dependency, imported only for those queries).
 
 The target of every estimator is the statistic of the values **after** clipping into the
 schema bounds (docs/mechanisms.md §1.5: values are clipped before noise), so ``raw`` must already be clipped.
@@ -20,7 +21,7 @@ from aggregator.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["compute_truth", "true_values"]
+__all__ = ["compute_truth", "gaussian_mixture_fit", "kmeans_centres", "true_values"]
 
 
 def compute_truth(config, schema, raw: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -30,8 +31,18 @@ def compute_truth(config, schema, raw: dict[str, np.ndarray]) -> dict[str, dict[
     -------
     dict query name → {param name → value}
         Parameter names match the :class:`aggregator.state.Estimate` params of the same query.
+        A query whose reference fit needs a package that is not installed (scikit-learn, for
+        ``kmeans`` and ``gaussian_mixture``) gets ``{}`` and a warning.
     """
-    return {q.name: true_values(q, schema, raw) for q in config.queries}
+    out = {}
+    for q in config.queries:
+        try:
+            out[q.name] = true_values(q, schema, raw)
+        except ImportError as exc:
+            log.warning("truth of %r skipped: %s (install the demo extra: pip install "
+                        "'ldp-stream[demo]')", q.name, exc)
+            out[q.name] = {}
+    return out
 
 
 def true_values(query, schema, raw: dict[str, np.ndarray]) -> dict[str, float]:
@@ -49,7 +60,10 @@ def true_values(query, schema, raw: dict[str, np.ndarray]) -> dict[str, float]:
     -------
     dict param name → float
         Keys follow the estimate's ``params`` naming: ``"mean"``, ``"variance"``, ``"q0.5"``,
-        category names, ``"intercept"`` and covariate names. Custom queries return ``{}``.
+        category names, ``"intercept"`` and covariate names; ``"<j>.<field>"`` for k-means
+        centres (:func:`kmeans_centres`); ``"<j>.weight"``, ``"<j>.mean.<field>"``,
+        ``"<j>.var.<field>"`` for a Gaussian mixture (:func:`gaussian_mixture_fit`). Custom
+        queries return ``{}``.
 
     Raises
     ------
@@ -87,7 +101,86 @@ def true_values(query, schema, raw: dict[str, np.ndarray]) -> dict[str, float]:
         else:
             beta = _quantile_fit(X, _num(raw, query.response), query.tau)
         return {n: float(b) for n, b in zip(names, beta)}
+    if kind == "kmeans":
+        X = np.column_stack([_num(raw, f) for f in query.fields])
+        lows, highs = zip(*(_bounds(schema, f) for f in query.fields))
+        centres = kmeans_centres(X, query.k, np.array(lows), np.array(highs))
+        return {f"{j}.{f}": float(centres[j, i]) for j in range(query.k) for i, f in enumerate(query.fields)}
+    if kind == "gaussian_mixture":
+        X = np.column_stack([_num(raw, f) for f in query.fields])
+        lows, highs = zip(*(_bounds(schema, f) for f in query.fields))
+        w, mean, var = gaussian_mixture_fit(X, query.k, np.array(lows), np.array(highs))
+        out = {f"{j}.weight": float(w[j]) for j in range(query.k)}
+        for tag, arr in (("mean", mean), ("var", var)):
+            out |= {f"{j}.{tag}.{f}": float(arr[j, i])
+                    for j in range(query.k) for i, f in enumerate(query.fields)}
+        return out
     return {}
+
+
+def kmeans_centres(X: np.ndarray, k: int, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Raw-data k-means centres in the metric of the private fit.
+
+    scikit-learn's Lloyd (``KMeans(n_clusters=k, n_init=10, random_state=0)``) on the
+    box-standardized coordinates ``u = (x − mid)/half`` (``mid``, ``half``: centre and half-width
+    of ``[low, high]``; :mod:`aggregator.state.mixture`), mapped back to original units.
+
+    Parameters
+    ----------
+    X : ndarray (n, p)
+        Clipped raw values, original units.
+    k : int
+        Centres (n ≥ k).
+    low, high : ndarray (p,)
+        The fields' schema bounds.
+
+    Returns
+    -------
+    ndarray (k, p)
+        Centres in original units, rows ascending by the first field (the estimate's order).
+    """
+    from sklearn.cluster import KMeans
+
+    mid, half = (low + high) / 2.0, (high - low) / 2.0
+    km = KMeans(n_clusters=k, n_init=10, random_state=0).fit((X - mid) / half)
+    centres = km.cluster_centers_ * half + mid
+    return centres[np.argsort(centres[:, 0], kind="stable")]
+
+
+def gaussian_mixture_fit(X: np.ndarray, k: int, low: np.ndarray, high: np.ndarray):
+    """Raw-data diagonal Gaussian mixture (maximum likelihood by scikit-learn's EM,
+    ``GaussianMixture(k, covariance_type="diag", n_init=3, random_state=0)``) on the
+    box-standardized coordinates, mapped back to original units.
+
+    Parameters
+    ----------
+    X : ndarray (n, p)
+        Clipped raw values, original units.
+    k : int
+    low, high : ndarray (p,)
+        The fields' schema bounds.
+
+    Returns
+    -------
+    weight : ndarray (k,)
+    mean, var : ndarray (k, p)
+        Component means (original units) and variances (squared units); components ascending
+        by the first field's mean.
+    """
+    from sklearn.mixture import GaussianMixture
+
+    mid, half = (low + high) / 2.0, (high - low) / 2.0
+    gm = GaussianMixture(k, covariance_type="diag", n_init=3, random_state=0).fit((X - mid) / half)
+    mean, var = gm.means_ * half + mid, gm.covariances_ * half**2
+    order = np.argsort(mean[:, 0], kind="stable")
+    return gm.weights_[order], mean[order], var[order]
+
+
+def _bounds(schema, name: str) -> tuple[float, float]:
+    for f in schema.numeric.fields if schema.numeric else ():
+        if f.name == name:
+            return float(f.low), float(f.high)
+    raise ConfigError(f"truth: {name!r} is not a numeric field of the schema")
 
 
 def _col(raw, name: str) -> np.ndarray:

@@ -42,7 +42,7 @@ def test_example_pipeline_loads():
     cfg = PipelineConfig.load(EXAMPLE)
     names = [q.name for q in cfg.queries]
     assert names == ["arr_delay_mean", "arr_delay_variance", "arr_delay_quantiles", "carrier_distribution",
-                     "dest_distribution", "late_arrival_logit", "arr_on_dep_median",
+                     "dest_distribution", "late_arrival_logit", "arr_on_dep_median", "flight_clusters",
                      "arr_delay_mean_daily", "carrier_weekly"]
     daily, weekly = cfg.query("arr_delay_mean_daily").window, cfg.query("carrier_weekly").window
     assert (daily.size_s, daily.hop_s, daily.grace_s) == (86400, 86400, 6 * 3600)

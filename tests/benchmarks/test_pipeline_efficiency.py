@@ -17,7 +17,7 @@ def test_write_pipeline_substitutes_every_setting(tmp_path):
     assert cfg.topics.partitions == 2
     assert cfg.worker.group_id == "bench-t1"
     assert cfg.worker.checkpoint_interval_s == 0.5
-    assert len(cfg.queries) == 7  # the demo pipeline's queries are kept
+    assert len(cfg.queries) == 8  # the demo pipeline's queries are kept
 
 
 def test_simulate_matches_the_stated_truth():
@@ -68,5 +68,5 @@ def test_write_pipeline_can_drop_query_kinds(tmp_path):
     path = pipeline.write_pipeline(tmp_path, "127.0.0.1:1", "t2",
                                    drop_kinds=("logistic_regression", "quantile_regression"))
     kinds = [q.kind for q in pipeline.load_config(path).queries]
-    assert len(kinds) == 5
+    assert len(kinds) == 6
     assert "logistic_regression" not in kinds and "quantile_regression" not in kinds
