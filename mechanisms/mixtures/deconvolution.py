@@ -177,7 +177,7 @@ class DeconvolutionMixtureLoss(GaussianMixtureLoss):
                 return float(v.mean()), g.mean(axis=0)
 
             res = optimize.minimize(fg, theta, jac=True, method="L-BFGS-B", bounds=bounds,
-                                    options={"maxiter": 1000, "ftol": 1e-12, "gtol": 1e-8})
+                                    options={"maxiter": 1000, "ftol": 0.0, "gtol": 1e-9})
             theta = res.x
         return theta, bool(res.success), f"L-BFGS-B on the report likelihood ({res.message})"
 
