@@ -26,6 +26,9 @@ equation, no smoothing bias in θ̂ — and take one Newton step with a Gaussian
 Hessian of bandwidth :func:`kink_bandwidth`; their sub-gradient jumps would make further steps
 cycle.
 
+A loss with a ``project(θ)`` method (k-means, mixtures: parameters that must stay in bounds) has
+every renewal step projected by it.
+
 Positive definiteness: when ``H + Ĥ_b`` is not positive definite (a DR Hessian of a small block
 can be indefinite) the step uses ``H`` alone; when ``H + Ĥ_b(θ̂)`` is not, that block's Hessian is
 not added; a block whose Newton step is not finite is skipped (its reports counted in ``n``).
@@ -351,6 +354,7 @@ class Renewable:
         guarded = fit.guarded
         th = th0
         steps = 0
+        project = getattr(self.loss, "project", None)  # a loss whose parameters have bounds
         while True:
             g = c.grad(x1, x2, th)
             hb = self.hessian(x1, x2, th, n_new, fit.spread)
@@ -368,7 +372,7 @@ class Renewable:
                 return replace(fit, n=n_new, guarded=guarded + 1)
             if not self.kinked and float(step @ M @ step) <= NEWTON_TOL:
                 break
-            th = th - step
+            th = th - step if project is None else project(th - step)
             steps += 1
         h_new = H + hb
         if is_positive_definite(h_new):

@@ -164,7 +164,7 @@ def unidentified_components(loss, theta: np.ndarray, H: np.ndarray | None, n: in
                             cell_weights: np.ndarray | None = None) -> dict[int, str]:
     """Components (fit order) the data do not determine, with the reason.
 
-    * k-means: a centre outside the box (raw values are inside it), or a cell whose corrected
+    * k-means: a centre on the box (the fit keeps it inside; raw values are), or a cell whose corrected
       weight ``N₁ⱼ − (1−δ)N₂ⱼ`` (or, without data, the diagonal block ``≈ 2·W_j`` of ``H``) is
       not positive — the DR-Lloyd denominator;
     * mixtures: a weight below ``10·(1 + 2p)/n`` (fewer than 10 reports per parameter of the
@@ -191,9 +191,10 @@ def unidentified_components(loss, theta: np.ndarray, H: np.ndarray | None, n: in
         return {j: "its estimate is not finite" for j in range(k)}
     if isinstance(loss, KMeansLoss):
         C = loss.centres(theta)
-        for j in np.flatnonzero(np.any(np.abs(C) > 1.0 + 1e-9, axis=1)):
-            out[int(j)] = ("its centre lies outside the fields' bounds, where no raw value is (too few "
-                           "reports near it; fewer components may fit)")
+        for j in np.flatnonzero(np.any(np.abs(C) >= 1.0 - 1e-9, axis=1)):
+            out[int(j)] = ("its centre is held on the fields' bounds: the reports would place it outside "
+                           "them, where no raw value is (too few reports near it; fewer components may "
+                           "fit)")
         if cell_weights is not None:
             for j in np.flatnonzero(np.asarray(cell_weights) <= 0):
                 out[int(j)] = ("its corrected cell weight N1 - (1 - zero_prob) N2 (the DR-Lloyd denominator) "

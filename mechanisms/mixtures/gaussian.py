@@ -163,6 +163,13 @@ class GaussianMixtureLoss(Loss):
                 for j in range(self.p)]
         return out
 
+    def project(self, theta: np.ndarray) -> np.ndarray:
+        """θ clipped into the bounds of the fit (:meth:`bounds`; needs a box, else unchanged)."""
+        if self.box is None:
+            return theta
+        b = np.asarray(self.bounds(np.zeros((1, self.p))))
+        return np.clip(theta, b[:, 0], b[:, 1])
+
     def start_from_centres(self, closs, x1, x2, C: np.ndarray, bounds) -> np.ndarray:
         """θ from centres: corrected cell weights and within-cell variances, clipped to the bounds."""
         z, w = stacked(closs, x1, x2)

@@ -80,7 +80,7 @@ def _nearest(z: np.ndarray, zz: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, 
 
 
 def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_iter: int = 500,
-                   tol: float = 1e-6) -> tuple[np.ndarray, bool, np.ndarray]:
+                   tol: float = 1e-6, box=None) -> tuple[np.ndarray, bool, np.ndarray]:
     """Safeguarded Lloyd iterations on a weighted sample (weights may be negative: DR).
 
     Each step moves every centre whose cell has a positive total weight ``W_j`` to the weighted
@@ -95,6 +95,8 @@ def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_ite
     max_iter : int
     tol : float
         Stop when no centre moves more than ``tol`` (units of z).
+    box : (low (p,), high (p,)), optional
+        Keep the centres in these bounds (the raw data's: its k-means centres are inside them).
 
     Returns
     -------
@@ -113,6 +115,8 @@ def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_ite
         ok = W > 1e-12 * np.abs(w).sum()
         target = C.copy()
         target[ok] = S[ok] / W[ok, None]
+        if box is not None:  # k-means centres of raw values lie in their bounds
+            target = np.clip(target, box[0], box[1])
         step = target - C
         t, moved = 1.0, False
         for _halving in range(11):
@@ -157,8 +161,8 @@ class KMeansLoss(Loss):
         Record width (every column noised), ≥ 1.
     box : (low, high), optional
         Bounds of the raw data per column (arrays (p,) or scalars), in the units of the records.
-        Used only to seed the fit: the centres are seeded on the reports inside the box (the
-        exact ones among them), not on the noise. Default: no box (all reports).
+        The centres are seeded on the reports inside the box (the exact ones among them), not on
+        the noise, and kept in it (:meth:`project`). Default: no box.
     n_init : int
         Seeded restarts of the batch fit (1 … 100; default 5); the fit with the lowest corrected
         risk is kept.
@@ -317,7 +321,7 @@ class KMeansLoss(Loss):
             except np.linalg.LinAlgError:
                 return C
             for t in 0.5 ** np.arange(8):
-                Ct = C - t * step
+                Ct = self.project_centres(C - t * step)
                 at, dt = _nearest(z, zz, Ct)
                 Ft = float(w @ dt)
                 if Ft <= F:
@@ -341,6 +345,16 @@ class KMeansLoss(Loss):
         se = np.sqrt(np.bincount(a, w * w * r2, minlength=k)) / np.maximum(W, 1e-300)
         se = se[np.isfinite(se) & (se > 0)]
         return 1e-3 * float(se.min()) if se.size else 1e-6
+
+    def project_centres(self, C: np.ndarray) -> np.ndarray:
+        """Centres clipped into the box (unchanged without one)."""
+        return C if self.box is None else np.clip(C, self.box[0], self.box[1])
+
+    def project(self, theta: np.ndarray) -> np.ndarray:
+        """θ with its centres clipped into the box: the k-means centres of raw values lie in their
+        bounds, so fits and renewal steps are kept there (a centre held on a bound is reported as
+        not identified, docs/mechanisms.md §7.6)."""
+        return self.project_centres(self.centres(theta)).ravel()
 
     def theta_scale(self, x, theta):
         return np.tile(_robust_spread(x), self.k)
@@ -382,9 +396,9 @@ class KMeansLoss(Loss):
         best = None
         for C0 in distinct:
             tol = self.tolerance(z, w, C0)
-            C, conv, W = weighted_lloyd(z, w, C0, max_iter=30, tol=tol)
+            C, conv, W = weighted_lloyd(z, w, C0, max_iter=30, tol=tol, box=self.box)
             if not conv:  # slow Lloyd steps (noise near the cell boundaries): Newton, then Lloyd again
-                C, conv, W = weighted_lloyd(z, w, self.newton(z, w, C, tol), tol=tol)
+                C, conv, W = weighted_lloyd(z, w, self.newton(z, w, C, tol), tol=tol, box=self.box)
             F = float(w @ sq_distances(z, C).min(axis=1))
             key = (not bool(np.all(W > 0)), F)
             if best is None or key < best[0]:
