@@ -217,7 +217,7 @@ def test_scale_nodes_are_a_probability_rule():
     assert om @ w == pytest.approx(1.0, abs=1e-5)
     assert om @ w**2 == pytest.approx(2.0, abs=2e-5)
     # halving the step shrinks the error about fourfold (second order, not first)
-    w2, om2 = scale_nodes(step=0.2)
+    _, om2 = scale_nodes(step=0.2)
     assert abs(om2.sum() - 1.0) < 0.35 * abs(om.sum() - 1.0)
 
 
