@@ -566,6 +566,12 @@ def render(res: dict) -> str:
               "independent):", "", t["coverage"], "",
               "**Fits with unidentified components or without convergence**, and the mean time per fit "
               "(all settings pooled per method, d and n):", "", t["failures"], "",
+              "Reasons: hessian_not_pd — a block of the corrected Hessian (or the whole sandwich V) is not "
+              "positive definite; small_weight — a mixture weight leaves fewer than 10 reports per "
+              "parameter; on_bound — a mean or variance on the bound of the fit; centre_on_box — a "
+              "k-means centre held "
+              "on the fields' bounds; cell_weight — a corrected cell weight N₁ⱼ − (1−δ)N₂ⱼ ≤ 0. \"Not "
+              "converged\" includes the sandwich's Newton-step check.", "",
               "Population k-means centres (oracle `fit_kmeans(method=\"oracle\")` on a raw sample) against "
               "the component means:", "", t["population"], ""]
     lines += narrative_claims(res)
@@ -721,12 +727,15 @@ def narrative_claims(res: dict) -> list[str]:
             "unless "
             f"the slope table says otherwise): {per}. {near} of the {len(vf)} slopes over all three n are "
             f"within ±0.15 of −0.5 (range {_m(vf.min())} to {_m(vf.max())}). "
-            + (f"The slopes steeper than −0.65 ({steep_txt}) start from an inflated error at n = "
+            + (f"The {'slope' if len(steep) == 1 else 'slopes'} steeper than −0.65 ({steep_txt}) "
+               f"{'starts' if len(steep) == 1 else 'start'} from an inflated error at n = "
                f"{_sup(ns[0])}, where {unid0} of {fits0} DR k-means fits have an unidentified component"
                + (f" and the worst cell (d = {worst['d']}, s = {fmt(worst['s'])}, "
                   f"{_privt(worst['privacy'])}) "
                   f"has a mean error of {worst['err_kmeans']:.2f} SD" if worst else "") + "."
-               + (f" From n = {_sup(ns[-2])} to {_sup(ns[-1])} alone their slopes are {' and '.join(tail)}."
+               + (f" From n = {_sup(ns[-2])} to {_sup(ns[-1])} alone "
+                  + (f"the slope is {tail[0]}" if len(tail) == 1 else f"the slopes are {' and '.join(tail)}")
+                  + f": the fit is still approaching its asymptotic regime at n = {_sup(ns[-2])} there."
                   if tail else "")
                if steep else f"At n = {_sup(ns[0])}, {unid0} of {fits0} DR k-means fits have an unidentified "
                "component."))
@@ -882,8 +891,8 @@ def narrative_claims(res: dict) -> list[str]:
         dist = {}
         for p_ in pops:
             dist.setdefault(float(p_["s"]), []).append(p_["max_dist_to_means"])
-        txt = ", ".join(f"{min(v):.3f}–{max(v):.3f} SD at s = {fmt(k)}" if len(v) > 1 else
-                        f"{v[0]:.3f} SD at s = {fmt(k)}" for k, v in sorted(dist.items()))
+        txt = ", ".join(f"{min(v):.3f}–{max(v):.3f} SD at s = {fmt(k)}" if f"{min(v):.3f}" != f"{max(v):.3f}"
+                        else f"{v[0]:.3f} SD at s = {fmt(k)}" for k, v in sorted(dist.items()))
         s2 = [c for c in _cells(res, "dr_kmeans", "err_means", s=seps[0]) if c["n"] == max(
             (c2["n"] for c2 in _cells(res, "dr_kmeans", "err_means", s=seps[0])), default=0)]
         out.append(
@@ -940,7 +949,10 @@ def write_doc(res: dict) -> None:
     if start < 0:
         text = text.rstrip() + "\n\n" + sec
     else:
-        nxt = text.find("\n## ", start + len(HEADING))
+        # the section ends at the next heading (its own text has none; subsections others add stay)
+        after = start + len(HEADING)
+        ends = [i for i in (text.find("\n## ", after), text.find("\n### ", after)) if i >= 0]
+        nxt = min(ends) if ends else -1
         text = text[:start] + sec + ("" if nxt < 0 else "\n" + text[nxt + 1:])
     mi = res.get("machine_start", res["machine"])
     row = (f"| `python -m benchmarks.repro_mixtures{' --quick' if res.get('quick') else ''}` | "
