@@ -435,7 +435,22 @@ class QuantileRegressionQuery(_RenewableQuery, _RegressionBase):
         return self
 
 
-class CustomQuery(_RenewableQuery, _QueryBase):
+class _FieldsQuery(StrictModel):
+    """Mixin of the queries over a list of numeric ``fields``: at least one, distinct."""
+
+    fields: tuple[str, ...] = Field(strict=False)
+
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("fields must name at least one numeric field")
+        if len(set(v)) != len(v):
+            raise ValueError(f"fields must be distinct, got {list(v)}")
+        return v
+
+
+class CustomQuery(_FieldsQuery, _RenewableQuery, _QueryBase):
     """A user loss ``module:callable``, fitted by renewable M-estimation of its corrected loss.
 
     The callable is called with no argument (or is a loss object itself) and must give a loss
@@ -447,7 +462,6 @@ class CustomQuery(_RenewableQuery, _QueryBase):
 
     kind: Literal["custom"] = "custom"
     loss: str
-    fields: tuple[str, ...] = Field(strict=False)
     estimator: Literal["dr", "sdr", "sl", "naive"] = "dr"
     params: tuple[str, ...] | None = Field(default=None, strict=False)
     init: tuple[float, ...] | None = Field(default=None, strict=False)
@@ -458,15 +472,6 @@ class CustomQuery(_RenewableQuery, _QueryBase):
         mod, sep, attr = v.partition(":")
         if not sep or not mod or not attr:
             raise ValueError(f"loss must look like 'package.module:callable', got {v!r}")
-        return v
-
-    @field_validator("fields")
-    @classmethod
-    def _check_fields(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v:
-            raise ValueError("fields must name at least one numeric field")
-        if len(set(v)) != len(v):
-            raise ValueError(f"fields must be distinct, got {list(v)}")
         return v
 
     @field_validator("params")
@@ -491,7 +496,7 @@ class CustomQuery(_RenewableQuery, _QueryBase):
         return v
 
 
-class _MixtureQuery(_RenewableQuery, _QueryBase):
+class _MixtureQuery(_FieldsQuery, _RenewableQuery, _QueryBase):
     """Components of numeric fields (docs/mechanisms.md §7), renewable estimation of their loss.
 
     Attributes
@@ -503,17 +508,7 @@ class _MixtureQuery(_RenewableQuery, _QueryBase):
         Components, 1 … 50. Components are reported ascending by the first field's centre.
     """
 
-    fields: tuple[str, ...] = Field(strict=False)
     k: int = Field(ge=1, le=50)
-
-    @field_validator("fields")
-    @classmethod
-    def _check_fields(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v:
-            raise ValueError("fields must name at least one numeric field")
-        if len(set(v)) != len(v):
-            raise ValueError(f"fields must be distinct, got {list(v)}")
-        return v
 
 
 class KMeansQuery(_MixtureQuery):

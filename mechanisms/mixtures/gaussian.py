@@ -182,15 +182,14 @@ class GaussianMixtureLoss(Loss):
                 var[j] = (w[sel] @ (z[sel] - C[j]) ** 2) / W[j]
             else:
                 var[j] = np.nan
-        lo_v = np.array([b[0] for b in bounds[self.k + self.k * self.p:]]).reshape(self.k, self.p)
-        hi_v = np.array([b[1] for b in bounds[self.k + self.k * self.p:]]).reshape(self.k, self.p)
+        lo, hi = np.asarray(bounds, dtype=np.float64).T
+        _, lo_m, lo_v = self.split(lo)
+        _, hi_m, hi_v = self.split(hi)
         v = np.where(np.isfinite(var) & (var > 0), np.log(np.maximum(var, 1e-300)), 0.5 * (lo_v + hi_v))
         v = np.clip(v, lo_v, hi_v)
         pi = np.clip(W / max(W[W > 0].sum(), 1e-300), 1e-3, None)
         alpha = np.log(pi / pi.sum())
         alpha -= alpha.mean()
-        lo_m = np.array([b[0] for b in bounds[self.k:self.k + self.k * self.p]]).reshape(self.k, self.p)
-        hi_m = np.array([b[1] for b in bounds[self.k:self.k + self.k * self.p]]).reshape(self.k, self.p)
         return np.concatenate([alpha, np.clip(C, lo_m, hi_m).ravel(), v.ravel()])
 
     def minimise(self, closs, x1, x2, theta0) -> tuple[np.ndarray, bool, str]:
@@ -202,7 +201,7 @@ class GaussianMixtureLoss(Loss):
         ParameterError
             Fewer reports than parameters, or SL/SDR.
         """
-        corrected_weights(closs, x1.shape[0])  # DR, naive or oracle only
+        corrected_weights(closs)  # DR, naive or oracle only
         q = self.n_params(self.p)
         if x1.shape[0] < q:
             raise ParameterError(f"a {self.k}-component mixture in {self.p} field(s) has {q} parameters "

@@ -47,7 +47,7 @@ def sq_distances(x: np.ndarray, centres: np.ndarray) -> np.ndarray:
     return np.maximum(d, 0.0)
 
 
-def corrected_weights(closs, n: int) -> tuple[float, float]:
+def corrected_weights(closs) -> tuple[float, float]:
     """Per-record weights ``(w₁, w₂)`` of ``x̃₁`` and ``x̃₂`` in a corrected sum: DR
     ``(1/δ, −(1−δ)/δ)``; naive and oracle ``(1, 0)``.
 
@@ -66,7 +66,7 @@ def corrected_weights(closs, n: int) -> tuple[float, float]:
 
 def stacked(closs, x1: np.ndarray, x2: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The records and their corrected weights as one weighted sample ``(z (m, p), w (m,))``."""
-    w1, w2 = corrected_weights(closs, x1.shape[0])
+    w1, w2 = corrected_weights(closs)
     if w2 == 0.0:
         return x1, np.full(x1.shape[0], w1)
     return np.vstack([x1, x2]), np.concatenate([np.full(x1.shape[0], w1), np.full(x2.shape[0], w2)])

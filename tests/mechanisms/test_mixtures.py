@@ -4,7 +4,6 @@ test_mixtures_stats.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import warnings
@@ -33,16 +32,7 @@ from mechanisms.mixtures.components import component_index, permute_fit
 from mechanisms.mixtures.deconvolution import scale_nodes
 from mechanisms.zil import ZILMechanism
 
-try:  # the fits are many tall-skinny matrix products: threaded BLAS only contends on a busy machine
-    from threadpoolctl import threadpool_limits
-except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-    threadpool_limits = None
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with threadpool_limits(limits=1, user_api="blas") if threadpool_limits else contextlib.nullcontext():
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 CENTRES = np.array([[0.0, 0.0], [4.0, 7.0], [8.0, 0.0]])  # canonical order (ascending first field)

@@ -9,7 +9,6 @@ with probability < 1e-4 (Bonferroni over the parameters a test checks).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import warnings
@@ -28,16 +27,7 @@ from mechanisms.mixtures import (
 )
 from mechanisms.zil import ZILMechanism
 
-try:  # the fits are many tall-skinny matrix products: threaded BLAS only contends on a busy machine
-    from threadpoolctl import threadpool_limits
-except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-    threadpool_limits = None
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with threadpool_limits(limits=1, user_api="blas") if threadpool_limits else contextlib.nullcontext():
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 CENTRES = np.array([[0.0, 0.0], [4.0, 7.0], [8.0, 0.0]])  # canonical order; 8 SD apart
