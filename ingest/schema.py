@@ -29,6 +29,11 @@ A :class:`TelemetrySchema` is written by hand in TOML, e.g.::
     field = "time_hour"       # the events' time column (not privatized)
     resolution = "1h"
 
+    [privacy]                 # optional: the unit of every privacy statement (default "event")
+    unit = "device"           # one device over one period ...
+    period = "1d"
+    reports_per_period = 24   # ... of at most 24 fresh reports (the device ledger enforces it)
+
 The schema is frozen; its :attr:`TelemetrySchema.fingerprint` (16-byte blake2b of the canonical
 JSON) travels in every wire record and changes with any parameter.
 """
@@ -57,6 +62,7 @@ from ingest.schema_fields import (
     NumericField,
     NumericGroup,
     PersonalizedSetting,
+    PrivacySetting,
     check_unique,
 )
 
@@ -69,6 +75,7 @@ __all__ = [
     "NumericField",
     "NumericGroup",
     "PersonalizedSetting",
+    "PrivacySetting",
     "TelemetrySchema",
 ]
 
@@ -93,6 +100,9 @@ class TelemetrySchema(FrozenModel):
     event_time : EventTimeSetting, optional
         The events' time column and the resolution the client rounds it down to; without it the
         Kafka record timestamp is the event time of a record's reports.
+    privacy : PrivacySetting, optional
+        The unit of the privacy statements: one event (the default, also when omitted) or one
+        device over a period of ``reports_per_period`` reports (docs/privacy.md §4).
 
     Raises
     ------
@@ -116,6 +126,7 @@ class TelemetrySchema(FrozenModel):
     categorical: tuple[CategoricalField, ...] = ()
     client: ClientSettings | None = None
     event_time: EventTimeSetting | None = None
+    privacy: PrivacySetting | None = None
 
     @model_validator(mode="after")
     def _whole(self) -> TelemetrySchema:
@@ -128,6 +139,11 @@ class TelemetrySchema(FrozenModel):
             raise ValueError(f"event_time.field {self.event_time.field!r} is also a numeric or "
                              "categorical field: the time column must be a column of its own")
         return self
+
+    @property
+    def privacy_unit(self) -> PrivacySetting:
+        """The ``[privacy]`` setting, ``unit = "event"`` when the schema has none."""
+        return self.privacy if self.privacy is not None else PrivacySetting()
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -196,8 +212,9 @@ class TelemetrySchema(FrozenModel):
                 out += ["", "[[numeric.fields]]"] + [f"{k} = {_toml(v)}" for k, v in f.items()]
         if "client" in d:
             out += ["", "[client]"] + [f"{k} = {_toml(v)}" for k, v in d["client"].items()]
-        if "event_time" in d:
-            out += ["", "[event_time]"] + [f"{k} = {_toml(v)}" for k, v in d["event_time"].items()]
+        for table in ("event_time", "privacy"):
+            if table in d:
+                out += ["", f"[{table}]"] + [f"{k} = {_toml(v)}" for k, v in d[table].items()]
         for c in d.get("categorical", []):
             out += ["", "[[categorical]]"]
             for k, v in c.items():

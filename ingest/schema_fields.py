@@ -21,8 +21,15 @@ __all__ = [
     "NumericField",
     "NumericGroup",
     "PersonalizedSetting",
+    "PrivacySetting",
     "check_unique",
 ]
+
+#: ``[privacy] reports_per_period``: at most this many reports per device and period (the
+#: composition of 10⁵ reports is already no guarantee; beyond it the accounting only costs time).
+MAX_REPORTS_PER_PERIOD = 100_000
+#: ``[privacy] period``: from one minute to one year.
+PERIOD_RANGE_S = (60, 366 * 86_400)
 
 
 class NumericField(FrozenModel):
@@ -290,6 +297,72 @@ class EventTimeSetting(FrozenModel):
     def resolution_s(self) -> int:
         """The resolution in seconds (``"1h"`` → 3600)."""
         return parse_duration(self.resolution)
+
+
+class PrivacySetting(FrozenModel):
+    """``[privacy]``: the unit every privacy statement of the schema is about (docs/privacy.md §4).
+
+    Parameters
+    ----------
+    unit : {"event", "device"}
+        ``"event"`` (default): the guarantees protect one report, whatever else its device sends.
+        ``"device"``: they protect everything one device sends in one ``period``, composed over
+        ``reports_per_period`` reports; the client's device ledger refuses to send more
+        (``ingest.ledger``).
+    period : str, optional
+        For ``unit = "device"``: a duration from ``"1m"`` to ``"366d"`` (``"1h"``, ``"1d"``,
+        ``"7d"``); periods are aligned to the Unix epoch in UTC.
+    reports_per_period : int, optional
+        For ``unit = "device"``: how many fresh reports a device may send per period, 1 to
+        100,000. With memoized fields a resent memoized report is not a fresh one.
+
+    Raises
+    ------
+    SchemaError
+        Through :class:`TelemetrySchema`, naming ``privacy.<key>``: an unknown unit, ``period`` or
+        ``reports_per_period`` missing for ``"device"`` or given for ``"event"``, a period or count
+        out of range.
+    """
+
+    unit: str = "event"
+    period: str | None = None
+    reports_per_period: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PrivacySetting:
+        if self.unit not in ("event", "device"):
+            raise ValueError(f"privacy.unit must be 'event' or 'device', got {self.unit!r}")
+        if self.unit == "event":
+            if self.period is not None or self.reports_per_period is not None:
+                raise ValueError("privacy.period and privacy.reports_per_period belong to "
+                                 "unit = 'device'; with unit = 'event' every report is the unit")
+            return self
+        if self.period is None or self.reports_per_period is None:
+            raise ValueError("privacy.unit = 'device' needs privacy.period (e.g. \"1d\") and "
+                             "privacy.reports_per_period (e.g. 24)")
+        lo, hi = PERIOD_RANGE_S
+        try:
+            seconds = parse_duration(self.period, "privacy.period")
+        except ValueError:
+            seconds = None
+        if seconds is None or not lo <= seconds <= hi:
+            raise ValueError("privacy.period must be a duration from \"1m\" to \"366d\" like "
+                             f"\"1h\", \"1d\" or \"7d\", got {self.period!r}")
+        t = self.reports_per_period
+        if isinstance(t, bool) or not 1 <= t <= MAX_REPORTS_PER_PERIOD:
+            raise ValueError(f"privacy.reports_per_period must be an integer in [1, "
+                             f"{MAX_REPORTS_PER_PERIOD}], got {t!r}")
+        return self
+
+    @property
+    def period_s(self) -> int | None:
+        """The period in seconds (``"1d"`` → 86400); ``None`` for ``unit = "event"``."""
+        return None if self.period is None else parse_duration(self.period)
+
+    @property
+    def reports(self) -> int:
+        """Reports one statement composes: ``reports_per_period`` for a device, 1 for an event."""
+        return 1 if self.reports_per_period is None else self.reports_per_period
 
 
 def check_unique(what: str, names: list[str]) -> None:
