@@ -54,7 +54,6 @@ from pydantic import Field, ValidationError, model_validator
 from ingest._files import parse_toml, read_text_file
 from ingest._model import FrozenModel
 from ingest.errors import SchemaError
-from ingest.event_time import format_duration
 from ingest.schema_fields import (
     CategoricalField,
     ClientSettings,
@@ -355,37 +354,34 @@ class TelemetrySchema(FrozenModel):
     def _code_tables(self) -> dict[str, dict[str, int]]:
         return {c.name: {v: i for i, v in enumerate(c.categories)} for c in self.categorical}
 
-    def privacy_summary(self) -> dict[str, Any]:
-        """Every field's privacy guarantee in plain data (for docs, CLI and metrics).
+    def privacy_summary(self, unit: PrivacySetting | None = None) -> dict[str, Any]:
+        """Every field's privacy guarantee in plain data (for docs, CLI, serve and the demo).
+
+        Parameters
+        ----------
+        unit : PrivacySetting, optional
+            The unit to state the guarantees for; default the schema's own ``[privacy]`` (one
+            event when it has none). The demo passes a device unit at a stated reporting rate.
 
         Returns
         -------
         dict
-            ``{"schema", "version", "fingerprint", "numeric": {...} | None, "categorical": {name:
-            {...}}, "event_time": {...}}``. The numeric entry gives zero_prob and the
-            exact-release statement, λ, d, c_I = √d/λ (record level), c_A = 1/λ (attribute
-            level), per-field noise std in original units, and (ε, δ̃) pairs at record and
-            attribute level. Each categorical
-            entry gives the mechanism, ε, the sensitive-set size and what non-sensitive reports
-            reveal. ``event_time`` says what event time travels in clear with the reports:
-            ``{"field", "resolution_s", "statement"}`` — the time column and its resolution in
-            seconds, or ``None`` for both when the Kafka record timestamp is the event time.
+            ``{"schema", "version", "fingerprint", "unit": {...}, "numeric": {...} | None,
+            "categorical": {name: {...}}, "event_time": {...}}``. ``unit`` names the unit, its
+            period and reports, and says which guarantee holds for it. The numeric entry gives
+            zero_prob and the exact-release statement, λ, d, c_I = √d/λ (record level), c_A = 1/λ
+            (attribute level), per-field noise std in original units, (ε, δ̃) pairs per report at
+            record and attribute level and, for a device unit, ``"composed"``: the same over the
+            period's reports with the probability that one of them is an exact release. Each
+            categorical entry gives the mechanism, ε, the sensitive-set size, what non-sensitive
+            reports reveal and, for a device unit, its composed (ε, δ) for sensitive values.
+            ``event_time`` says what event time travels in clear with the reports.
 
-        Source: docs/privacy.md §1, §2, docs/frequency.md §1, docs/schema.md §4.
+        Source: docs/privacy.md §1, §2, §4, docs/frequency.md §1, docs/schema.md §4.
         """
-        out: dict[str, Any] = {
-            "schema": self.name,
-            "version": self.version,
-            "fingerprint": self.fingerprint.hex(),
-            "numeric": None,
-            "categorical": {},
-            "event_time": _event_time_summary(self.event_time),
-        }
-        if self.numeric is not None:
-            out["numeric"] = _numeric_summary(self)
-        for c in self.categorical:
-            out["categorical"][c.name] = _categorical_summary(c)
-        return out
+        from ingest.privacy_summary import summarize
+
+        return summarize(self, unit if unit is not None else self.privacy_unit)
 
     def __repr__(self) -> str:
         return (f"TelemetrySchema(name={self.name!r}, version={self.version}, "
@@ -467,89 +463,3 @@ def _scale_from_calibration(res: Any) -> float:
     if hasattr(res, "scale"):
         return float(res.scale)
     return float(res)
-
-
-def _numeric_summary(schema: TelemetrySchema) -> dict[str, Any]:
-    num = schema.numeric
-    lam = schema.resolved_scale
-    d = schema.dim
-    c_i, c_a = math.sqrt(d) / lam, 1.0 / lam
-    summ: dict[str, Any] = {
-        "mechanism": "zil",
-        "fields": list(schema.numeric_names),
-        "dim": d,
-        "zero_prob": num.zero_prob,
-        "zero_prob_statement": (
-            f"with probability {num.zero_prob} a report carries the exact (clipped) values of all "
-            f"{d} numeric field(s); otherwise one joint SL noise draw is added"
-        ),
-        "scale": lam,
-        "scale_source": "declared" if num.scale is not None else "calibrated",
-        "target": None if num.scale is not None else {"epsilon": num.epsilon, "delta": num.delta},
-        "c_record": c_i,
-        "c_attribute": c_a,
-        "noise_std": {f.name: lam * (f.high - f.low) for f in num.fields},
-        "bounds": {f.name: [f.low, f.high] for f in num.fields},
-        "epsilon_delta": None,
-    }
-    from mechanisms.privacy import zil_guarantee
-
-    g = zil_guarantee(num.zero_prob, lam, d)
-    summ["epsilon_delta"] = {
-        "record": [{"epsilon": e, "delta": dt} for e, dt in zip(g.epsilons, g.delta_record)],
-        "attribute": [{"epsilon": e, "delta": dt} for e, dt in zip(g.epsilons, g.delta_attribute)],
-        "exact": g.exact,
-        "pure_epsilon": g.pure_epsilon,
-    }
-    summ["statement"] = g.summary()
-    return summ
-
-
-def _event_time_summary(et: EventTimeSetting | None) -> dict[str, Any]:
-    if et is None:
-        return {"field": None, "resolution_s": None,
-                "statement": "the Kafka record timestamp, set by the producer, is the event time of "
-                             "every report of a record: it travels in clear with the record, as "
-                             "metadata not protected by the mechanisms"}
-    res = format_duration(et.resolution_s)
-    return {"field": et.field, "resolution_s": et.resolution_s,
-            "statement": f"the event time (column {et.field!r}), rounded down to {res}, travels in "
-                         "clear with every report: it is metadata, not protected by the mechanisms"}
-
-
-def _categorical_summary(c: CategoricalField) -> dict[str, Any]:
-    s = len(c.sensitive_codes)
-    k = c.k
-    e = math.exp(c.epsilon)
-    out: dict[str, Any] = {
-        "mechanism": c.mechanism,
-        "epsilon": c.epsilon,
-        "k": k,
-        "sensitive_size": s,
-        "sensitive": list(c.sensitive),
-        "personalized_bots": c.personalized.bots if c.personalized else 0,
-        "guarantee": f"({c.epsilon}, sensitive set of {s})-ULDP: sensitive values are protected "
-                     f"with epsilon = {c.epsilon}",
-    }
-    if c.mechanism == "urr":
-        c3 = 1.0 - s / (s + e - 1.0)
-        out["reveal_prob_non_sensitive"] = c3
-        out["non_sensitive_reveal"] = (
-            f"a non-sensitive value is reported as itself with probability c3 = {c3:.4g} and then "
-            "revealed exactly (uRR never outputs a non-sensitive value for a sensitive input)"
-        )
-    else:
-        theta = c.resolved_theta
-        d2 = ((1 - theta) * e + theta) / e
-        out["theta"] = theta
-        out["reveal_prob_non_sensitive"] = 1.0 - d2
-        out["non_sensitive_reveal"] = (
-            f"a non-sensitive value sets its own bit with probability 1 - d2 = {1 - d2:.4g}, which "
-            "reveals it exactly; reports with no non-sensitive bit are protected"
-        )
-    if c.personalized:
-        out["personalized_note"] = (
-            "each user's personally sensitive values are mapped to a bot symbol before the mechanism "
-            "and get the same protection as the common sensitive set"
-        )
-    return out

@@ -4,7 +4,9 @@ Subcommands:
 
 * ``calibrate`` — the scale λ (and shift c) that makes ZIL(zero_prob, λ²I) (ε, δ)-DP.
 * ``curve`` — draw the trade-off function with its (ε, δ̃) envelope lines to a PNG.
-* ``guarantee`` — the plain-language guarantee of a given (zero_prob, scale, dim).
+* ``guarantee`` — the plain-language guarantee of a given (zero_prob, scale, dim), or of a schema
+  file for its privacy unit.
+* ``compose`` — the (ε, δ) guarantee of T reports of one device, composed (docs/privacy.md §4).
 
 Parameter errors raised by :mod:`mechanisms.privacy` are ``ParameterError`` (a ``ValueError``);
 ``aggregator.cli.main`` prints them as one line and exits with status 2. Every numeric flag is
@@ -34,6 +36,8 @@ MONTE_CARLO_RANGE = (100, 1_000_000)
 MONTE_CARLO_CELLS = 10_000_000
 #: ``--dim``: the number of numeric fields of a report.
 DIM_RANGE = (1, 1_000_000)
+#: ``compose --reports``: the number of composed reports.
+REPORTS_RANGE = (1, 100_000)
 #: ``--epsilons``: at most this many values (envelope lines in the plot, pairs in the summary).
 MAX_EPSILONS = 100
 
@@ -156,12 +160,39 @@ def register(subparsers) -> None:
         description="Record- and attribute-level (epsilon, delta~) guarantees of ZIL noise on the "
         "standardized box [0, 1]^dim.",
     )
-    gua.add_argument("--zero-prob", type=float, required=True, help="zero probability in (0, 1)")
-    gua.add_argument("--scale", type=float, required=True, help="noise scale per unit of range > 0")
-    gua.add_argument("--dim", type=int, required=True, help="number of numeric fields >= 1")
+    gua.add_argument("--schema", default=None, metavar="FILE",
+                     help="a schema TOML file: print its guarantees per report and for its [privacy] "
+                     "unit (instead of --zero-prob/--scale/--dim)")
+    gua.add_argument("--zero-prob", type=float, default=None, help="zero probability in (0, 1)")
+    gua.add_argument("--scale", type=float, default=None, help="noise scale per unit of range > 0")
+    gua.add_argument("--dim", type=int, default=None, help="number of numeric fields >= 1")
     gua.add_argument("--epsilons", type=_epsilon_list, default=None, help="comma-separated epsilons")
     gua.add_argument("--json", action="store_true", help="print one JSON object")
     gua.set_defaults(func=run_guarantee)
+
+    com = sub.add_parser(
+        "compose",
+        help="the (epsilon, delta) guarantee of T reports of one device, composed",
+        description="Compose the per-report ZIL guarantee over --reports reports with the "
+        "privacy-loss-distribution accountant of dp-accounting: exact for --dim 1 (Laplace plus "
+        "the point mass of exact releases), the conservative beta_c bound otherwise. Every delta "
+        "printed is an upper bound; none is below the probability that one of the reports is "
+        "released exactly.",
+    )
+    com.add_argument("--zero-prob", type=float, required=True, help="zero probability in (0, 1)")
+    com.add_argument("--scale", type=float, required=True, help="noise scale per unit of range > 0")
+    com.add_argument("--diameter", type=float, default=1.0,
+                     help="diameter of the protected set in standardized units: sqrt(d) for whole "
+                     "reports of d fields, 1 (default) for one field")
+    com.add_argument("--dim", type=int, default=None,
+                     help="number of fields d; 1 uses the exact Laplace accounting, otherwise the "
+                     "beta_c bound (valid for every d)")
+    com.add_argument("--reports", type=int, required=True,
+                     help=f"number of reports T, {REPORTS_RANGE[0]} to {REPORTS_RANGE[1]}")
+    com.add_argument("--epsilons", type=_epsilon_list, default=None,
+                     help="comma-separated epsilons (default 1,2,4,8,16)")
+    com.add_argument("--json", action="store_true", help="print one JSON object")
+    com.set_defaults(func=run_compose)
 
 
 def _help(parser: argparse.ArgumentParser) -> int:
@@ -299,16 +330,88 @@ def run_curve(args: argparse.Namespace) -> int:
 
 
 def run_guarantee(args: argparse.Namespace) -> int:
-    """Print the :class:`mechanisms.privacy.ZILGuarantee` summary (or JSON).
+    """Print the guarantee of a configuration (``ZILGuarantee.summary``) or of a schema file.
+
+    With ``--schema`` the output is the schema's privacy summary for its ``[privacy]`` unit:
+    per-report statements and, for a device unit, the composed ones (``--json``: the dict of
+    ``TelemetrySchema.privacy_summary``).
 
     Returns
     -------
     int
-        0.
+        0. Missing or conflicting flags raise ``ParameterError`` (exit 2 through ``main``).
     """
+    if args.schema is not None:
+        if any(v is not None for v in (args.zero_prob, args.scale, args.dim)):
+            raise ParameterError("give either --schema or --zero-prob/--scale/--dim, not both")
+        from ingest.schema import TelemetrySchema
+
+        summary = TelemetrySchema.load(args.schema).privacy_summary()
+        print(json.dumps(summary, allow_nan=False) if args.json else _schema_text(summary))
+        return 0
+    missing = [f for f, v in (("--zero-prob", args.zero_prob), ("--scale", args.scale), ("--dim", args.dim))
+               if v is None]
+    if missing:
+        raise ParameterError(f"guarantee needs --schema FILE or all of --zero-prob, --scale, --dim "
+                             f"(missing {', '.join(missing)})")
     from mechanisms.privacy import DEFAULT_EPSILONS, zil_guarantee
 
     _check_range("--dim", args.dim, DIM_RANGE)
     g = zil_guarantee(args.zero_prob, args.scale, args.dim, args.epsilons or DEFAULT_EPSILONS)
     print(json.dumps(g.to_dict(), allow_nan=False) if args.json else g.summary())
+    return 0
+
+
+def _pairs(rows) -> str:
+    return ", ".join(f"({r['epsilon']:.6g}, {r['delta']:.6g})" for r in rows)
+
+
+def _schema_text(summary: dict) -> str:
+    """The plain-language form of ``TelemetrySchema.privacy_summary()``."""
+    unit = summary["unit"]
+    lines = [f"Schema {summary['schema']!r} v{summary['version']}: {unit['statement']}."]
+    num = summary["numeric"]
+    if num is not None:
+        lines.append(f"* Numeric fields {', '.join(num['fields'])}: {num['statement']}")
+        comp = num.get("composed")
+        if comp is not None:
+            lines.append(f"* Numeric fields over {comp['reports']} reports per {unit['period']} "
+                         f"(composed, {comp['accounting']}): {comp['exact_release_statement']}. "
+                         f"Whole reports: (epsilon, delta) {_pairs(comp['record'])}; one field: "
+                         f"{_pairs(comp['attribute'])}.")
+    for name, c in summary["categorical"].items():
+        line = f"* {name} ({c['mechanism']}): {c['guarantee']} per report"
+        if "composed" in c:
+            line += (f"; over {c['composed']['reports']} reports per {unit['period']}: (epsilon, delta) "
+                     f"{_pairs(c['composed']['epsilon_delta'])} for sensitive values")
+        lines.append(line + ".")
+    lines.append(f"* Event time: {summary['event_time']['statement']}.")
+    return "\n".join(lines)
+
+
+def run_compose(args: argparse.Namespace) -> int:
+    """Print the composed guarantee of ``--reports`` reports (``--json``: one JSON object).
+
+    Returns
+    -------
+    int
+        0. Bad arguments raise ``ParameterError`` (exit 2 through ``main``).
+    """
+    from mechanisms.privacy.composition import compose_zil
+
+    _check_range("--dim", args.dim, DIM_RANGE)
+    _check_range("--reports", args.reports, REPORTS_RANGE)
+    g = compose_zil(args.zero_prob, args.scale, diameter=args.diameter, dim=args.dim,
+                    reports=args.reports, epsilons=args.epsilons)
+    if args.json:
+        print(json.dumps(g.to_dict(), allow_nan=False))
+        return 0
+    how = ("exact one-field (Laplace) accounting" if g.accounting == "exact_laplace"
+           else "beta_c bound, valid for any number of fields")
+    print(f"{g.reports} report(s) of ZIL(zero_prob={_given(args.zero_prob)}, scale={args.scale:.6g}) "
+          f"over diameter {_given(args.diameter)}, composed ({how}):")
+    print(f"at least one report is released exactly with probability {g.exact_release_prob:.6g}")
+    print("    epsilon  delta")
+    for e, d in zip(g.epsilons, g.deltas):
+        print(f"{e:11.6g}  {d:.6g}")
     return 0
