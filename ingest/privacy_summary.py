@@ -1,5 +1,5 @@
 """The privacy statements of a schema: per report and composed over the privacy unit
-(docs/privacy.md §1, §2, §4; docs/frequency.md §1). :meth:`ingest.schema.TelemetrySchema.privacy_summary`
+(docs/privacy.md §1, §2, §7; docs/frequency.md §1). :meth:`ingest.schema.TelemetrySchema.privacy_summary`
 is the entry point."""
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class TelemetrySchema(FrozenModel):
         Kafka record timestamp is the event time of a record's reports.
     privacy : PrivacySetting, optional
         The unit of the privacy statements: one event (the default, also when omitted) or one
-        device over a period of ``reports_per_period`` reports (docs/privacy.md §4).
+        device over a period of ``reports_per_period`` reports (docs/privacy.md §7).
 
     Raises
     ------
@@ -377,7 +377,7 @@ class TelemetrySchema(FrozenModel):
             reports reveal and, for a device unit, its composed (ε, δ) for sensitive values.
             ``event_time`` says what event time travels in clear with the reports.
 
-        Source: docs/privacy.md §1, §2, §4, docs/frequency.md §1, docs/schema.md §4.
+        Source: docs/privacy.md §1, §2, §7, docs/frequency.md §1, docs/schema.md §4.
         """
         from ingest.privacy_summary import summarize
 

@@ -6,7 +6,7 @@ Subcommands:
 * ``curve`` — draw the trade-off function with its (ε, δ̃) envelope lines to a PNG.
 * ``guarantee`` — the plain-language guarantee of a given (zero_prob, scale, dim), or of a schema
   file for its privacy unit.
-* ``compose`` — the (ε, δ) guarantee of T reports of one device, composed (docs/privacy.md §4).
+* ``compose`` — the (ε, δ) guarantee of T reports of one device, composed (docs/privacy.md §7).
 
 Parameter errors raised by :mod:`mechanisms.privacy` are ``ParameterError`` (a ``ValueError``);
 ``aggregator.cli.main`` prints them as one line and exits with status 2. Every numeric flag is

@@ -21,7 +21,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LiveView", "build_report", "print_summary", "render_markdown", "write_outputs"]
+__all__ = ["DEVICE_FLIGHTS_PER_DAY", "LiveView", "build_report", "print_summary", "render_markdown",
+           "write_outputs"]
+
+#: The reporting rate the demo states a device-level guarantee for: a traveller's phone that
+#: reports two flights a day (out and back). The demo's schema itself is per event.
+DEVICE_FLIGHTS_PER_DAY = 2
+
+
+def device_privacy(schema) -> dict:
+    """The demo schema's guarantees for one device reporting ``DEVICE_FLIGHTS_PER_DAY`` flights a
+    day (``TelemetrySchema.privacy_summary`` for that unit; docs/privacy.md §7)."""
+    from ingest.schema import PrivacySetting
+
+    unit = PrivacySetting(unit="device", period="1d", reports_per_period=DEVICE_FLIGHTS_PER_DAY)
+    return schema.privacy_summary(unit)
 
 
 def build_report(config, schema, estimates: dict, truth: dict, progress: _Progress, prepared: _Prepared,
@@ -71,6 +85,7 @@ def build_report(config, schema, estimates: dict, truth: dict, progress: _Progre
             "python": sys.version.split()[0], "cpus": os.cpu_count(),
         },
         "privacy": schema.privacy_summary(),
+        "privacy_device": device_privacy(schema),
         "summary": {"estimates": len(rows), "with_truth": len(judged),
                     "covered": int(sum(judged)), "coverage": coverage,
                     # an unidentified component's parameters (Estimate.notes say why)
@@ -170,6 +185,31 @@ def _fmt(v, digits: int = 4) -> str:
 _YES_NO = {True: "yes", False: "no"}
 
 
+def _pairs(rows) -> str:
+    return ", ".join(f"({r['epsilon']:g}, {r['delta']:.3g})" for r in rows)
+
+
+def _device_lines(report: dict) -> list[str]:
+    """The per-report and the per-device statements, in words (docs/privacy.md §7)."""
+    per, dev = report["privacy"], report.get("privacy_device")
+    lines = [f"The schema's unit is one {per['unit']['unit']}: {per['unit']['statement']}."]
+    num = (dev or {}).get("numeric") or {}
+    comp = num.get("composed")
+    if comp is None:
+        return lines
+    t = comp["reports"]
+    lines += ["", f"**Per device** — a traveller whose phone reports {t} flights a day is protected "
+              f"by the composition of those {t} reports, not by the per-report guarantee: "
+              f"{comp['exact_release_statement']}. Numeric fields, whole reports: (epsilon, delta) "
+              f"{_pairs(comp['record'])}; one field: {_pairs(comp['attribute'])} "
+              f"({comp['accounting']}). Per report, whole reports: "
+              f"{_pairs(num['epsilon_delta']['record'])}."]
+    for name, c in dev["categorical"].items():
+        lines.append(f"* {name}: sensitive values over {t} reports: (epsilon, delta) "
+                     f"{_pairs(c['composed']['epsilon_delta'])}")
+    return lines
+
+
 def render_markdown(report: dict, plots: list[str]) -> str:
     """``report.md``: run figures, privacy summary, the estimate table with the estimates' notes,
     the k-means centres against the raw data's, the windows and the plots."""
@@ -184,7 +224,7 @@ def render_markdown(report: dict, plots: list[str]) -> str:
               f"* streaming time {run['stream_seconds']} s ({_rate(run['reports_per_second'])} reports/s); "
               f"total {run['total_seconds']} s; client privatization "
               f"{_rate(run['privatize_reports_per_second'])} reports/s",
-              "", "## Privacy", "", "```json",
+              "", "## Privacy", "", *_device_lines(report), "", "```json",
               json.dumps(report["privacy"], indent=2, default=_json_default), "```", "",
               "## Estimates (95 % CI) against the non-private truth", "",
               "The *truth* is computed by the demo from the raw, clipped data — it never leaves the "

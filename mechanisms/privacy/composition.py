@@ -1,4 +1,4 @@
-"""Composition of per-report guarantees over the reports of one privacy unit (docs/privacy.md §4).
+"""Composition of per-report guarantees over the reports of one privacy unit (docs/privacy.md §7).
 
 A device that sends T reports is protected by the T-fold composition of the per-report trade-off
 function, not by the per-report one. The composition is computed with the privacy-loss
@@ -196,7 +196,7 @@ def pure_pld(epsilon: float):
 
     The tight dominating pair of every ε-DP mechanism, so its composition is the optimal
     composition of ε-DP (Kairouz, Oh & Viswanath 2015). Raises ``ParameterError`` unless
-    ``epsilon`` is finite and > 0. Source: docs/privacy.md §4.
+    ``epsilon`` is finite and > 0. Source: docs/privacy.md §7.
     """
     e = check_positive("epsilon", epsilon)
     from dp_accounting.pld.common import DifferentialPrivacyParameters
@@ -225,7 +225,7 @@ class ComposedGuarantee:
 
     Notes
     -----
-    Source: docs/privacy.md §4.
+    Source: docs/privacy.md §7.
     """
 
     reports: int
@@ -308,7 +308,7 @@ def compose_zil(zero_prob: float, scale: float, *, diameter: float = 1.0, dim: i
     Notes
     -----
     Cost: building the β_c loss grid takes about 0.5 s (cached per (zero_prob, c, dim)); the
-    FFT composition well under a second for T ≤ 1000. Source: docs/privacy.md §4.
+    FFT composition well under a second for T ≤ 1000. Source: docs/privacy.md §7.
     """
     lam = check_positive("scale", scale)
     diam = check_positive("diameter", diameter)
@@ -333,7 +333,7 @@ def compose_pure(epsilon: float, *, reports: int = 1, epsilons=None) -> Composed
 
     For the uRR/uRAP fields this is the guarantee of their sensitive values (docs/frequency.md
     §1). Parameters and errors as :func:`compose_zil`; ``epsilon`` must be finite and > 0.
-    Source: docs/privacy.md §4.
+    Source: docs/privacy.md §7.
     """
     t = _check_reports(reports)
     eps = _epsilons(epsilons)
@@ -439,7 +439,7 @@ def calibrate_composed_epsilon(epsilon: float, delta: float, *, reports: int = 1
     Raises
     ------
     ParameterError
-        On arguments out of range. Source: docs/privacy.md §4.
+        On arguments out of range. Source: docs/privacy.md §7.
     """
     e = check_positive("epsilon", epsilon)
     dl = check_open_unit("delta", delta)

@@ -1,5 +1,5 @@
 """``ldp-stream privacy compose`` and ``privacy guarantee --schema``: guarantees for a privacy unit
-of several reports (aggregator/cli/privacy.py, docs/privacy.md §4)."""
+of several reports (aggregator/cli/privacy.py, docs/privacy.md §7)."""
 
 from __future__ import annotations
 

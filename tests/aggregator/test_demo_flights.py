@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import pathlib
 import types
 
@@ -224,3 +225,22 @@ def test_kmeans_plot_is_written(tmp_path):
     assert "km.png" in written and (tmp_path / "km.png").is_file()
     (tmp_path / "none").mkdir()
     assert "km.png" not in plots.write_all(tmp_path / "none", report, [], truth, schema)  # no queries
+
+
+def test_report_states_the_device_level_guarantee_at_its_reporting_rate(tmp_path):
+    from aggregator.demo.report import DEVICE_FLIGHTS_PER_DAY, render_markdown
+    from mechanisms.privacy.composition import compose_zil
+
+    report, _, schema, *_ = _km_report(tmp_path)
+    per, dev = report["privacy"], report["privacy_device"]
+    assert per["unit"]["unit"] == "event" and per["numeric"].get("composed") is None
+    assert dev["unit"] == {**dev["unit"], "unit": "device", "period": "1d",
+                           "reports_per_period": DEVICE_FLIGHTS_PER_DAY, "holds": "composed"}
+    comp = dev["numeric"]["composed"]
+    z, lam, d = schema.numeric.zero_prob, schema.resolved_scale, schema.dim
+    assert comp["exact_release_prob"] == pytest.approx(1 - (1 - z) ** DEVICE_FLIGHTS_PER_DAY)
+    want = compose_zil(z, lam, diameter=math.sqrt(d), dim=d, reports=DEVICE_FLIGHTS_PER_DAY)
+    assert [r["delta"] for r in comp["record"]] == list(want.deltas)
+    md = render_markdown(report, [])
+    assert f"a traveller whose phone reports {DEVICE_FLIGHTS_PER_DAY} flights a day" in md
+    assert "The schema's unit is one event" in md

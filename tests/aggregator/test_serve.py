@@ -76,6 +76,7 @@ def test_http_api(served):
     assert status == 404 and "nope" in err["error"]
     status, priv = ps.get_json(port, "/privacy")
     assert status == 200 and priv["schema"] == "flights"
+    assert priv["unit"]["unit"] == "event" and priv["unit"]["holds"] == "per_report"
     status, health = ps.get_json(port, "/healthz")
     assert status == 200 and health["status"] == "ok"
     text = ps.scrape(port)

@@ -1,4 +1,4 @@
-"""Composition of repeated reports (mechanisms.privacy.composition, docs/privacy.md §4).
+"""Composition of repeated reports (mechanisms.privacy.composition, docs/privacy.md §7).
 
 Each accountant output is compared with a computation that shares no code with it: for one
 numeric field an FFT convolution of the Laplace privacy loss written here, bracketed from both
