@@ -15,6 +15,8 @@ from ingest._model import FrozenModel
 from ingest.event_time import MAX_RESOLUTION_S, parse_duration
 
 __all__ = [
+    "DEFAULT_MEMO_BUCKETS",
+    "MAX_MEMO_BUCKETS",
     "CategoricalField",
     "ClientSettings",
     "EventTimeSetting",
@@ -30,6 +32,10 @@ __all__ = [
 MAX_REPORTS_PER_PERIOD = 100_000
 #: ``[privacy] period``: from one minute to one year.
 PERIOD_RANGE_S = (60, 366 * 86_400)
+#: ``memo_buckets`` of a memoized numeric field when the schema does not say (docs/devices.md §3).
+DEFAULT_MEMO_BUCKETS = 32
+#: the largest ``memo_buckets``.
+MAX_MEMO_BUCKETS = 65_536
 
 
 class NumericField(FrozenModel):
@@ -44,11 +50,19 @@ class NumericField(FrozenModel):
         before noise is added; the guarantee holds only for the clipped box.
     unit, description : str, optional
         Documentation only (part of the fingerprint nonetheless).
+    memoize : bool, optional
+        ``true``: a device resends its memoized report while the field's α-rounded value stays in
+        the same bucket (docs/devices.md §3; every numeric field or none). ``false`` (the default)
+        is stored as absent, so it leaves the fingerprint unchanged.
+    memo_buckets : int, optional
+        With ``memoize = true``: the number of equal buckets of ``[low, high]`` the α-point
+        rounding uses, 1 to 65,536 (default :data:`DEFAULT_MEMO_BUCKETS`, filled in).
 
     Raises
     ------
     SchemaError
-        Through :class:`TelemetrySchema` when ``low >= high`` or a bound is not finite.
+        Through :class:`TelemetrySchema` when ``low >= high``, a bound is not finite, or
+        ``memo_buckets`` is out of range or given without ``memoize = true``.
     """
 
     name: str = Field(min_length=1)
@@ -56,6 +70,18 @@ class NumericField(FrozenModel):
     high: float
     unit: str | None = None
     description: str | None = None
+    memoize: bool | None = Field(default=None, strict=True)
+    memo_buckets: int | None = Field(default=None, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _memo_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if data.get("memoize") is False:  # the default: absent, as in schemas before memoize
+                data = {k: v for k, v in data.items() if k != "memoize"}
+            if data.get("memoize") is True and data.get("memo_buckets") is None:
+                data = {**data, "memo_buckets": DEFAULT_MEMO_BUCKETS}
+        return data
 
     @model_validator(mode="after")
     def _bounds(self) -> NumericField:
@@ -65,6 +91,12 @@ class NumericField(FrozenModel):
             raise ValueError(
                 f"numeric field {self.name!r}: low must be < high, got low={self.low} high={self.high}"
             )
+        if self.memo_buckets is not None:
+            if not self.memoize:
+                raise ValueError(f"numeric field {self.name!r}: memo_buckets needs memoize = true")
+            if not 1 <= self.memo_buckets <= MAX_MEMO_BUCKETS:
+                raise ValueError(f"numeric field {self.name!r}: memo_buckets must be an integer in "
+                                 f"[1, {MAX_MEMO_BUCKETS}], got {self.memo_buckets}")
         return self
 
 
@@ -125,7 +157,17 @@ class NumericGroup(FrozenModel):
         if not self.fields:
             raise ValueError("numeric.fields must list at least one field")
         check_unique("numeric.fields", [f.name for f in self.fields])
+        memo = [f.name for f in self.fields if f.memoize]
+        if memo and len(memo) != len(self.fields):
+            rest = [f.name for f in self.fields if not f.memoize]
+            raise ValueError(f"numeric: memoize must be true on every numeric field or on none (they "
+                             f"share one ZIL noise vector); true on {memo}, not on {rest}")
         return self
+
+    @property
+    def memoized(self) -> bool:
+        """Whether the numeric block is memoized (``memoize = true`` on every field)."""
+        return bool(self.fields[0].memoize)
 
 
 class PersonalizedSetting(FrozenModel):
@@ -163,6 +205,10 @@ class CategoricalField(FrozenModel):
         are invalid.
     personalized : PersonalizedSetting, optional
         PUM with κ bot symbols.
+    memoize : bool, optional
+        ``true``: a device resends its memoized report of a value it has reported before
+        (docs/devices.md §3). ``false`` (the default) is stored as absent, so it leaves the
+        fingerprint unchanged.
 
     Raises
     ------
@@ -178,11 +224,17 @@ class CategoricalField(FrozenModel):
     theta: float | None = None
     fallback: str | None = None
     personalized: PersonalizedSetting | None = None
+    memoize: bool | None = Field(default=None, strict=True)
 
     @field_validator("mechanism", mode="before")
     @classmethod
     def _lower(cls, v: Any) -> Any:
         return v.lower() if isinstance(v, str) else v
+
+    @field_validator("memoize")
+    @classmethod
+    def _memoize(cls, v: bool | None) -> bool | None:
+        return True if v else None  # false is the default: absent, as in schemas before memoize
 
     @model_validator(mode="after")
     def _check(self) -> CategoricalField:
@@ -300,7 +352,7 @@ class EventTimeSetting(FrozenModel):
 
 
 class PrivacySetting(FrozenModel):
-    """``[privacy]``: the unit every privacy statement of the schema is about (docs/privacy.md §4).
+    """``[privacy]``: the unit every privacy statement of the schema is about (docs/privacy.md §7).
 
     Parameters
     ----------
