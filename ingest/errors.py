@@ -115,3 +115,46 @@ class BrokerError(IngestError):
 
 class SourceError(IngestError, ValueError):
     """A source spec, file or line could not be read; the message names the file/line."""
+
+
+class LedgerError(IngestError):
+    """A device ledger (``ingest.ledger``) cannot be opened or used: not an SQLite file, another
+    application's database, corrupt, or unreadable. ``path`` is the ledger file; nothing was
+    sent."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class BudgetExceeded(IngestError):
+    """The device has spent its ``[privacy] reports_per_period`` in the current period
+    (``ingest.ledger.DeviceLedger.spend``); nothing was sent and nothing was spent.
+
+    Attributes
+    ----------
+    period_start : str
+        Start of the period, ISO-8601 UTC (``"2026-12-02T00:00:00Z"``).
+    count : int
+        Fresh reports already spent in the period.
+    budget : int
+        ``reports_per_period``.
+    needed : int
+        Fresh reports the refused call would have spent.
+    """
+
+    def __init__(self, message: str, *, period_start: str, count: int, budget: int, needed: int) -> None:
+        super().__init__(message)
+        self.period_start = period_start
+        self.count = count
+        self.budget = budget
+        self.needed = needed
+
+
+class DeviceSecretError(IngestError):
+    """A device secret file (``ingest.device.DeviceSecret``) is missing, unreadable, readable by
+    group or others, or not 32 bytes of hex. ``path`` is the file; nothing was sent."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path

@@ -10,6 +10,8 @@ Stated in docs/schema.md §3, docs/mechanisms.md §1 and docs/frequency.md §2, 
 * Event time (schemas with ``[event_time]``): the time column → Unix seconds
   (``ingest.event_time.to_unix_seconds_masked``), rounded down to the schema's resolution; it is
   not privatized (docs/schema.md §1, §4).
+* With a :class:`~ingest.device.Device` (docs/devices.md): memoized fields resend the device's
+  memoized report, and every call spends the device ledger's budget before it returns.
 
 Both :meth:`Privatizer.privatize` (one event) and :meth:`Privatizer.privatize_batch` go through
 the same vectorised code path, so validation and clipping are identical.
@@ -29,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ingest.batch import ReportBatch
+from ingest.device import Device, open_device
 from ingest.errors import SchemaError
 from ingest.event_time import floor_to, invalid_time_error, to_unix_seconds_masked
 from ingest.schema import CategoricalField, TelemetrySchema
@@ -104,12 +107,22 @@ class Privatizer:
         values. An iterable maps every listed value to bot ⊥₁ (code ``len(categories)``); a
         mapping ``value → bot index`` (0-based, < κ) picks the bot. Batches may instead carry a
         per-row int column ``"<field>__bot"`` (−1 = not personal, else the bot index).
+    device : ingest.device.Device, optional
+        Report as one device (docs/devices.md): required by schemas with ``[privacy] unit =
+        "device"`` (its ledger keeps the budget) or a memoized field (its secret keys the memoized
+        reports). With a device, every call is one all-or-nothing spend in the ledger, committed
+        before the reports are returned; without one, the vectorised path runs unchanged.
 
     Raises
     ------
     SchemaError
         If ``personal_sensitive`` names a field that is not a PUM field or a value/bot that does
         not exist.
+    ConfigError
+        If the schema needs a device (or its ledger or secret) and none is given, or a ledger is
+        given for a schema of ``unit = "event"``.
+    LedgerError, DeviceSecretError
+        If the device's ledger or secret file cannot be used (the message names the file).
 
     Notes
     -----
@@ -119,7 +132,8 @@ class Privatizer:
     """
 
     def __init__(self, schema: TelemetrySchema, rng: RngLike = None, *,
-                 personal_sensitive: Mapping[str, Iterable[str] | Mapping[str, int]] | None = None) -> None:
+                 personal_sensitive: Mapping[str, Iterable[str] | Mapping[str, int]] | None = None,
+                 device: Device | None = None) -> None:
         if not isinstance(schema, TelemetrySchema):
             raise SchemaError(f"schema must be a TelemetrySchema, got {type(schema).__name__}")
         self.schema = schema
@@ -131,6 +145,7 @@ class Privatizer:
         self._cat_mechs = {c.name: schema.categorical_mechanism(c.name) for c in schema.categorical}
         self._luts = {c.name: {v: i for i, v in enumerate(c.categories)} for c in schema.categorical}
         self._personal = self._check_personal(personal_sensitive or {})
+        self._device = open_device(schema, device, self._zil, self._cat_mechs)  # docs/devices.md
         self._time_field = schema.event_time.field if schema.event_time is not None else None
         #: the columns read from every event: the schema's fields, then the event-time column
         self._columns = (*schema.numeric_names, *schema.categorical_names,
@@ -323,17 +338,16 @@ class Privatizer:
                         self.stats.clipped[name] += int(per_field[j])
                 self.stats.clipped_rows += int(out_of.any(axis=1).sum())
                 np.clip(x, lo, hi, out=x)
-            released = self._zil.privatize(x, self._rng) if m else x
-        else:
-            released = np.empty((m, 0), dtype=np.float64)
-
-        # categorical mechanisms
-        cat_out: dict[str, Any] = {}
         for c in schema.categorical:
-            code = codes[c.name]
             if c.personalized is not None:
-                code = self._apply_pum(c, code, cols.get(c.name + _BOT_SUFFIX))
-            cat_out[c.name] = self._cat_mechs[c.name].privatize(code, self._rng)
+                codes[c.name] = self._apply_pum(c, codes[c.name], cols.get(c.name + _BOT_SUFFIX))
+        if self._device is not None:  # memoized parts, then the ledger's spend (ingest.device)
+            released, cat_out = self._device.release(x, codes, self._rng)
+        else:
+            released = (self._zil.privatize(x, self._rng) if m else x) if self._zil is not None \
+                else np.empty((m, 0), dtype=np.float64)
+            cat_out = {c.name: self._cat_mechs[c.name].privatize(codes[c.name], self._rng)
+                       for c in schema.categorical}
         self.stats.reports += m
         if t is not None:
             t = floor_to(t, schema.event_time.resolution_s)

@@ -23,8 +23,9 @@ def register(subparsers) -> None:
                     "mechanisms, batch reports into records and publish them. Prints a final line "
                     "of counts; exit status 1 if any report was not delivered, 2 with one line "
                     "for a bad argument or a broker that cannot be reached at the start (as every "
-                    "command). Ctrl-C or SIGTERM: what was sent is flushed (up to 5 s), the counts "
-                    "are printed, exit status 130.")
+                    "command), and 2 with one line when the device's budget is spent "
+                    "(--device-ledger; the reports before are sent). Ctrl-C or SIGTERM: what was "
+                    "sent is flushed (up to 5 s), the counts are printed, exit status 130.")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="pipeline TOML: takes schema, [kafka] settings (incl. TLS/SASL), the reports "
                         "topic and its partition count from it; explicit flags override")
@@ -48,6 +49,14 @@ def register(subparsers) -> None:
                         "see docs/kafka.md)")
     p.add_argument("--seed", type=int, default=None,
                    help="noise seed (tests/benchmarks only; default: OS entropy)")
+    p.add_argument("--device-ledger", default=None, metavar="PATH",
+                   help="the device ledger (SQLite file, created if missing) that keeps the budget of a "
+                        "schema with [privacy] unit = 'device': a call that would send more fresh reports "
+                        "than reports_per_period in the period is refused, the reports before it are sent "
+                        "and the command exits 2 (docs/devices.md)")
+    p.add_argument("--device-secret", default=None, metavar="FILE",
+                   help="the device secret (64 hex digits, mode 0600) that keys the memoized reports of "
+                        "a schema with memoize = true fields (docs/devices.md)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -126,6 +135,52 @@ def _check(args: argparse.Namespace) -> None:
         raise CLIError(f"--partitions must be >= 1, got {args.partitions}")
     if args.seed is not None and args.seed < 0:
         raise CLIError(f"--seed must be an integer >= 0, got {args.seed}")
+    for flag, value in (("--device-ledger", args.device_ledger), ("--device-secret", args.device_secret)):
+        if value is not None and not value.strip():
+            raise CLIError(f"{flag} must be a file path, got ''")
+
+
+def _device(args: argparse.Namespace, schema):
+    """The ``Device`` of --device-ledger / --device-secret, or None; one line when the schema needs
+    one that is not given (docs/devices.md)."""
+    from aggregator.errors import CLIError
+    from ingest.device import Device, memoized_fields
+
+    if schema.privacy_unit.unit == "device" and args.device_ledger is None:
+        raise CLIError(f"schema {schema.name!r} has [privacy] unit = 'device': give --device-ledger PATH "
+                       "(the device's budget ledger)")
+    memo = memoized_fields(schema)
+    if memo and args.device_secret is None:
+        raise CLIError(f"schema {schema.name!r} memoizes {memo}: give --device-secret FILE (the device "
+                       "secret that keys the memoized reports)")
+    if args.device_ledger is None and args.device_secret is None:
+        return None
+    return Device(args.device_ledger, args.device_secret)
+
+
+def _privatize_pieces(privatizer, pieces, device: bool):
+    """The batches of the source's pieces. With a device each piece is one all-or-nothing spend;
+    a piece the budget refuses is privatized again row by row, so that the rows that fit are sent
+    before the refusal (``BudgetExceeded``) ends the run."""
+    import copy
+
+    from ingest.errors import BudgetExceeded
+
+    for cols in pieces:
+        if not device:
+            yield privatizer.privatize_batch(cols, on_invalid="skip")
+            continue
+        saved = copy.deepcopy(privatizer.stats)
+        try:
+            batch = privatizer.privatize_batch(cols, on_invalid="skip")
+        except BudgetExceeded:
+            privatizer.stats = saved  # the rows are counted again below
+        else:
+            yield batch
+            continue
+        n = len(next(iter(cols.values()), ()))
+        for i in range(n):
+            yield privatizer.privatize_batch({k: v[i:i + 1] for k, v in cols.items()}, on_invalid="skip")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,7 +213,8 @@ def _produce(args: argparse.Namespace) -> int:
 
     schema = TelemetrySchema.load(args.schema)
     source = open_source(args.source)
-    privatizer = Privatizer(schema, args.seed)
+    device = _device(args, schema)
+    privatizer = Privatizer(schema, args.seed, device=device)
     chunk = max(args.batch_size, 5000)
     if args.rate is not None:
         chunk = max(1, min(chunk, int(args.rate / 10) or 1))
@@ -167,7 +223,7 @@ def _produce(args: argparse.Namespace) -> int:
     pieces = _rows_up_to_limit(source.iter_batches(batch_size=chunk), args.limit, lambda: queued)
     # the first chunk is read and privatized before connecting: a source that cannot be read or
     # lacks the schema's columns is refused before a topic is created or anything is sent
-    first = [privatizer.privatize_batch(cols, on_invalid="skip") for cols in itertools.islice(pieces, 1)]
+    first = list(_privatize_pieces(privatizer, itertools.islice(pieces, 1), device is not None))
     producer = ReportProducer(settings, args.topic, schema, reports_per_record=args.batch_size,
                               partitions=args.partitions, key=args.key, privatizer=privatizer)
     total = args.limit
@@ -190,7 +246,7 @@ def _produce(args: argparse.Namespace) -> int:
     try:
         with progress_cm as progress:
             task = progress.add_task("produce", total=total, rate="") if progress is not None else None
-            rest = (privatizer.privatize_batch(cols, on_invalid="skip") for cols in pieces)
+            rest = _privatize_pieces(privatizer, pieces, device is not None)
             for batch in itertools.chain(first, rest):
                 producer.send(batch)
                 queued += batch.n
