@@ -23,7 +23,8 @@ EXTRAS_ONLY = ("numba", "llvmlite", "xxhash", "prometheus_client", "starlette", 
 CLIENT_MODULES = ("mechanisms", "mechanisms.zil", "mechanisms.uldp", "mechanisms.losses",
                   "mechanisms.estimation", "mechanisms.privacy", "ingest", "ingest.schema",
                   "ingest.privatizer", "ingest.codec", "ingest.batch", "ingest.kafka",
-                  "ingest.producer", "ingest.sources", "ingest.broker")
+                  "ingest.producer", "ingest.sources", "ingest.broker", "mechanisms.privacy.composition",
+                  "ingest.privacy_summary")
 
 
 def test_demo_package_data_equals_examples_byte_for_byte():
@@ -100,12 +101,16 @@ def test_client_side_imports_and_publishes_without_the_extras():
         record = encode(batch, time_resolution=schema.time_resolution_s)
         back = decode(record, {{schema.fingerprint: schema}})
         KafkaSettings(bootstrap_servers="127.0.0.1:9")
+        from ingest.schema import PrivacySetting
+
+        unit = PrivacySetting(unit="device", period="1d", reports_per_period=2)
+        composed = "composed" in schema.privacy_summary(unit)["numeric"]  # dp-accounting is client side
         leaked = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))
-        print(batch.n, back.n, len(record) > 0, leaked)
+        print(batch.n, back.n, len(record) > 0, composed, leaked)
     """)
     proc = run_blocked((*EXTRAS_ONLY, "aggregator"), body)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["1", "1", "True", "[]"], proc.stdout
+    assert proc.stdout.split() == ["1", "1", "True", "True", "[]"], proc.stdout
 
 
 def test_extra_module_lists_are_the_extras_of_pyproject():
