@@ -10,9 +10,9 @@ ledger (``ingest.ledger``) keeps at most the keyed :func:`memo_tag` of a memo ke
   ``[low, high]`` by α-point rounding with a per-device, per-field offset α ∈ [0, 1): a value at
   fraction f of its bucket is rounded up iff ``f + α ≥ 1``. Over devices (α uniform) the rounded
   value has expectation x and variance ``x``'s plus ``s² f (1 − f) ≤ s²/4`` (s the bucket width).
-  Source: Ding, Kulkarni & Yekhanin, "Collecting telemetry data privately" (NeurIPS 2017), §3
-  (α-point rounding, memoization); Erlingsson, Pihur & Korolova, "RAPPOR" (CCS 2014), §3
-  (permanent randomized response).
+  Source: Ding, Kulkarni & Yekhanin, "Collecting telemetry data privately" (NeurIPS 2017:
+  α-point rounding, memoization); Erlingsson, Pihur & Korolova, "RAPPOR: randomized aggregatable
+  privacy-preserving ordinal response" (CCS 2014: permanent randomized response).
 * The memo report of a key is drawn by the field's own mechanism (``ZILMechanism.privatize``,
   ``URR``/``URAP.privatize``) from a ChaCha20 generator whose 256-bit key is
   HMAC-SHA256(secret, memo key), so its law is exactly the mechanism's.
@@ -133,7 +133,7 @@ def alpha_offsets(secret: bytes, fingerprint: bytes, names: Sequence[str]) -> np
     -------
     ndarray of float64, shape (d,)
         α_j ∈ [0, 1): the top 53 bits of HMAC-SHA256(secret, "alpha", fingerprint, name_j) over
-        2⁵³, uniform over devices (Ding, Kulkarni & Yekhanin 2017, §3).
+        2⁵³, uniform over devices (Ding, Kulkarni & Yekhanin 2017).
     """
     out = np.empty(len(names), dtype=np.float64)
     for j, name in enumerate(names):
@@ -167,7 +167,8 @@ def alpha_round(x: np.ndarray, low: np.ndarray, high: np.ndarray, buckets: np.nd
         The edges in original units, ``low + (high − low)·e/B``; for α uniform on [0, 1),
         ``E[value] = x`` (P(up) = f) and ``Var[value] = s² f(1 − f) ≤ s²/4``.
 
-    Source: Ding, Kulkarni & Yekhanin, "Collecting telemetry data privately" (NeurIPS 2017), §3.
+    Source: Ding, Kulkarni & Yekhanin, "Collecting telemetry data privately" (NeurIPS 2017);
+    docs/devices.md §3.
     """
     x = np.asarray(x, dtype=np.float64)
     b = np.asarray(buckets, dtype=np.int64)
