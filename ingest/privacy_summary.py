@@ -29,10 +29,13 @@ def summarize(schema: TelemetrySchema, unit: PrivacySetting) -> dict[str, Any]:
     }
     if schema.numeric is not None:
         out["numeric"] = _numeric_summary(schema)
+        first = schema.numeric.fields[0]
+        out["numeric"]["memoized"] = bool(first.memoize)
+        out["numeric"]["memo_buckets"] = first.memo_buckets if first.memoize else None
         if unit.unit == "device":
             out["numeric"]["composed"] = _numeric_composed(schema, unit.reports)
     for c in schema.categorical:
-        out["categorical"][c.name] = _categorical_summary(c)
+        out["categorical"][c.name] = _categorical_summary(c) | {"memoized": bool(c.memoize)}
         if unit.unit == "device":
             from mechanisms.privacy.composition import compose_pure
 
@@ -51,8 +54,9 @@ def _unit_summary(unit: PrivacySetting) -> dict[str, Any]:
     return {"unit": "device", "period": period, "period_s": unit.period_s, "reports_per_period": t,
             "holds": "composed",
             "statement": f"the unit is one device over one period of {period} (UTC) with at most {t} "
-                         f"fresh report(s): the composed guarantees protect it; the per-report "
-                         f"guarantees protect only a single report"}
+                         f"fresh report(s) (a memoized report resent in the same period is not a "
+                         f"fresh one; docs/devices.md): the composed guarantees protect it; the "
+                         f"per-report guarantees protect only a single report"}
 
 
 def _numeric_composed(schema: TelemetrySchema, reports: int) -> dict[str, Any]:

@@ -375,6 +375,7 @@ class TelemetrySchema(FrozenModel):
             period's reports with the probability that one of them is an exact release. Each
             categorical entry gives the mechanism, ε, the sensitive-set size, what non-sensitive
             reports reveal and, for a device unit, its composed (ε, δ) for sensitive values.
+            ``memoized`` (and the numeric ``memo_buckets``) say which parts are memoized.
             ``event_time`` says what event time travels in clear with the reports.
 
         Source: docs/privacy.md §1, §2, §7, docs/frequency.md §1, docs/schema.md §4.
