@@ -7,6 +7,8 @@ Subcommands:
 * ``guarantee`` — the plain-language guarantee of a given (zero_prob, scale, dim), or of a schema
   file for its privacy unit.
 * ``compose`` — the (ε, δ) guarantee of T reports of one device, composed (docs/privacy.md §7).
+* ``plan`` — parameters for a target per privacy unit, with predicted interval widths
+  (:mod:`aggregator.cli.privacy_plan`, docs/privacy.md §8).
 
 Parameter errors raised by :mod:`mechanisms.privacy` are ``ParameterError`` (a ``ValueError``);
 ``aggregator.cli.main`` prints them as one line and exits with status 2. Every numeric flag is
@@ -193,6 +195,10 @@ def register(subparsers) -> None:
                      help="comma-separated epsilons (default 1,2,4,8,16)")
     com.add_argument("--json", action="store_true", help="print one JSON object")
     com.set_defaults(func=run_compose)
+
+    from aggregator.cli import privacy_plan
+
+    privacy_plan.register(sub)
 
 
 def _help(parser: argparse.ArgumentParser) -> int:

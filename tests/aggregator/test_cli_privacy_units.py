@@ -87,3 +87,59 @@ def test_guarantee_flags_conflict_or_are_missing(tmp_path, capsys):
     assert main(["privacy", "guarantee", "--schema", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "nope.toml" in err
+
+
+ONE_FIELD = """
+name = "one"
+version = 1
+
+[numeric]
+zero_prob = 0.2
+scale = 1.0
+
+[[numeric.fields]]
+name = "delay"
+low = -60.0
+high = 240.0
+unit = "min"
+"""
+
+
+def test_plan_json_and_written_schema(tmp_path, capsys):
+    from ingest.schema import TelemetrySchema
+
+    src, out = tmp_path / "one.schema.toml", tmp_path / "planned.schema.toml"
+    src.write_text(ONE_FIELD + DEVICE)
+    argv = ["privacy", "plan", "--schema", str(src), "--epsilon", "4", "--delta", "0.3",
+            "--reports-per-window", "5000", "--data-sd", "delay=45", "--write-schema", str(out), "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["target"]["reports"] == 10 and plan["numeric"]["accounting"] == "exact_laplace"
+    num = plan["numeric"]
+    assert compose_zil(num["zero_prob"], num["scale"], dim=1, reports=10, epsilons=(4.0,)).deltas[0] <= 0.3
+    planned = TelemetrySchema.load(out)
+    assert (planned.numeric.zero_prob, planned.numeric.scale) == (num["zero_prob"], num["scale"])
+    assert main(["privacy", "plan", "--schema", str(src), "--epsilon", "4", "--delta", "0.3",
+                 "--reports-per-window", "5000", "--zero-prob", str(num["zero_prob"])]) == 0
+    text = capsys.readouterr().out
+    assert "Numeric block (1 fields, exact_laplace)" in text and "| delay | [-60, 240] |" in text
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--reports-per-window", "1"], "--reports-per-window must be in [2,"),
+    (["--reports-per-window", "100", "--zero-prob", "0.2"], "numeric block"),
+    (["--reports-per-window", "100", "--data-sd", "hour=2"], "not numeric fields of the schema"),
+])
+def test_plan_bad_input_one_line_exit_2(extra, needle, tmp_path, capsys):
+    src = tmp_path / "one.schema.toml"
+    src.write_text(ONE_FIELD + DEVICE)
+    assert main(["privacy", "plan", "--schema", str(src), "--epsilon", "4", "--delta", "0.3", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and needle in err and err.startswith("ldp-stream privacy plan: error:")
+
+
+def test_plan_data_sd_syntax_is_checked_by_argparse(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["privacy", "plan", "--schema", "x.toml", "--epsilon", "4", "--delta", "0.3",
+              "--reports-per-window", "100", "--data-sd", "delay=-1"])
+    assert info.value.code == 2 and "FIELD=SD" in capsys.readouterr().err
