@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+from ingest._sqlite import FileKind, connect, create_private_file, immediate, initialize, sqlite_errors
+from ingest._sqlite import iso_utc as iso_utc  # re-exported
 from ingest.errors import BudgetExceeded, ConfigError, LedgerError
 from ingest.event_time import format_duration
 
@@ -52,9 +53,10 @@ _CREATE = (
 )
 
 
-def iso_utc(seconds: float) -> str:
-    """Unix seconds → ISO-8601 UTC text with a ``Z`` (``"2026-12-02T00:00:00Z"``)."""
-    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+_KIND = FileKind(what="device ledger", short="ledger", name="an ldp-stream device ledger",
+                 application_id=APPLICATION_ID, version=FORMAT_VERSION, tables=frozenset(_TABLES),
+                 create=_CREATE, format="ldp-stream device ledger", suffix="; nothing was sent",
+                 error=LedgerError)
 
 
 class DeviceLedger:
@@ -178,8 +180,7 @@ class DeviceLedger:
         t = time.time() if now is None else float(now)
         start, end = self.period_bounds(t)
         with self._connection() as con:
-            con.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(con):
                 count = self._count(con, start, end)
                 cost, new_tags = self._cost(con, items, start, end)
                 if cost and count + cost > self.budget:
@@ -196,10 +197,6 @@ class DeviceLedger:
                                     [(self._fingerprint, tag, t) for tag in new_tags])
                 con.execute("DELETE FROM memo_tags WHERE at < ? OR at >= ?", (start, end))
                 con.execute("DELETE FROM spends WHERE at < ?", (start - KEEP_S,))
-                con.execute("COMMIT")
-            except BaseException:
-                _rollback(con)
-                raise
         return cost
 
     def __repr__(self) -> str:
@@ -226,90 +223,22 @@ class DeviceLedger:
         return int(con.execute("SELECT COUNT(*) FROM spends WHERE at >= ? AND at < ?",
                                (start, end)).fetchone()[0])
 
-    def _connection(self) -> _Connection:
-        return _Connection(self)
+    def _connection(self):
+        return _sqlite_connection(self.path, self._timeout)
 
     def _open(self) -> None:
-        p = Path(self.path)
-        if p.is_dir():
-            raise LedgerError(f"device ledger {self.path!r} is a directory, not a ledger file; nothing "
-                              "was sent", self.path)
-        try:  # a new ledger is private to its user (SQLite gives -wal/-shm the same mode)
-            os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
-        except OSError as exc:
-            raise LedgerError(f"device ledger {self.path!r} cannot be opened: {exc.strerror}; nothing was "
-                              "sent", self.path) from None
+        create_private_file(self.path, _KIND)
         with self._connection() as con:
-            con.execute("PRAGMA journal_mode = WAL")
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                app = con.execute("PRAGMA application_id").fetchone()[0]
-                version = con.execute("PRAGMA user_version").fetchone()[0]
-                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                if app == 0 and version == 0 and not tables:  # a new (empty) file
-                    for statement in _CREATE:
-                        con.execute(statement)
-                    con.execute("INSERT INTO meta VALUES ('format', 'ldp-stream device ledger'), "
-                                "('created_at', ?)", (iso_utc(time.time()),))
-                    con.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                    con.execute(f"PRAGMA user_version = {FORMAT_VERSION}")
-                elif app != APPLICATION_ID or not _TABLES <= tables:
-                    raise LedgerError(f"device ledger {self.path!r} is an SQLite database of something "
-                                      "else, not an ldp-stream device ledger; nothing was sent", self.path)
-                elif version != FORMAT_VERSION:
-                    raise LedgerError(f"device ledger {self.path!r} has format version {version}; this "
-                                      f"version of ldp-stream reads {FORMAT_VERSION}; nothing was sent",
-                                      self.path)
-                con.execute("COMMIT")
-            except BaseException:
-                _rollback(con)
-                raise
-            check = con.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise LedgerError(f"device ledger {self.path!r} is corrupt (SQLite quick_check: {check}); "
-                                  "nothing was sent", self.path)
+            initialize(con, self.path, _KIND)
 
 
-class _Connection:
+@contextmanager
+def _sqlite_connection(path: str, timeout: float) -> Iterator[sqlite3.Connection]:
     """``with`` block of one SQLite connection to a ledger: every sqlite3 error inside it becomes a
     :class:`LedgerError` naming the file; the connection is closed on the way out."""
-
-    def __init__(self, ledger: DeviceLedger) -> None:
-        self._ledger = ledger
-        self._con: sqlite3.Connection | None = None
-
-    def __enter__(self) -> sqlite3.Connection:
-        led = self._ledger
-        try:
-            con = sqlite3.connect(led.path, timeout=led._timeout, isolation_level=None)
-            con.execute(f"PRAGMA busy_timeout = {int(led._timeout * 1000)}")
-            con.execute("PRAGMA synchronous = FULL")
-        except sqlite3.Error as exc:
-            raise _ledger_error(led.path, exc) from None
-        self._con = con
-        return con
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        con, self._con = self._con, None
-        if con is not None:
-            con.close()
-        if isinstance(exc, sqlite3.Error):
-            raise _ledger_error(self._ledger.path, exc) from None
-        return False
-
-
-def _rollback(con: sqlite3.Connection) -> None:
-    """Roll back the open transaction, if SQLite has not ended it already."""
-    if con.in_transaction:
-        con.execute("ROLLBACK")
-
-
-def _ledger_error(path: str, exc: sqlite3.Error) -> LedgerError:
-    text = str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
-        what = f"is not an ldp-stream device ledger (not an SQLite database, or corrupt: {text})"
-    elif isinstance(exc, sqlite3.OperationalError) and "locked" in text:
-        what = f"stayed locked by another process beyond the busy timeout ({text})"
-    else:
-        what = f"cannot be used: {text}"
-    return LedgerError(f"device ledger {path!r} {what}; nothing was sent", path)
+    con = connect(path, timeout, _KIND)
+    try:
+        with sqlite_errors(_KIND, path):
+            yield con
+    finally:
+        con.close()
