@@ -158,3 +158,70 @@ class DeviceSecretError(IngestError):
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+class OutboxError(IngestError):
+    """An outbox file (``ingest.outbox.Outbox``) cannot be opened or used: not an SQLite file,
+    another application's database, corrupt, or unreadable. ``path`` is the file (``":memory:"``
+    for an in-memory outbox)."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class OutboxFull(OutboxError):
+    """``Outbox.put`` refused batches that would take the outbox beyond ``max_batches`` or
+    ``max_bytes`` (queued plus rejected batches); nothing of the call was stored.
+
+    Attributes
+    ----------
+    batches, bytes : int
+        Batches and body bytes held (queued plus rejected) when the call was refused.
+    max_batches, max_bytes : int
+        The bounds.
+    """
+
+    def __init__(self, message: str, path: str, *, batches: int, bytes: int, max_batches: int,
+                 max_bytes: int) -> None:
+        super().__init__(message, path)
+        self.batches = batches
+        self.bytes = bytes
+        self.max_batches = max_batches
+        self.max_bytes = max_bytes
+
+
+class SenderError(IngestError):
+    """A :class:`ingest.sender.CollectorSender` could not deliver everything: the flush timed out,
+    delivery stopped (the collector refused the token, 401), or batches were refused for good.
+
+    Attributes
+    ----------
+    queued, queued_reports : int
+        Batches and reports still in the outbox (they stay there; a later sender on the same
+        outbox file delivers them with the same idempotency keys).
+    rejected, rejected_reports : int
+        Batches and reports this sender moved to the outbox's ``rejected`` table.
+    """
+
+    def __init__(self, message: str, *, queued: int = 0, queued_reports: int = 0, rejected: int = 0,
+                 rejected_reports: int = 0) -> None:
+        super().__init__(message)
+        self.queued = queued
+        self.queued_reports = queued_reports
+        self.rejected = rejected
+        self.rejected_reports = rejected_reports
+
+    @property
+    def undelivered(self) -> int:
+        """Reports not delivered: ``queued_reports + rejected_reports``."""
+        return self.queued_reports + self.rejected_reports
+
+
+class TokenFileError(IngestError):
+    """A collector token file (``ingest.sender.read_token_file``) is missing, unreadable, readable
+    by group or others, empty, or holds more than one token. ``path`` is the file."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
