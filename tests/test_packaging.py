@@ -24,7 +24,7 @@ CLIENT_MODULES = ("mechanisms", "mechanisms.zil", "mechanisms.uldp", "mechanisms
                   "mechanisms.estimation", "mechanisms.privacy", "ingest", "ingest.schema",
                   "ingest.privatizer", "ingest.codec", "ingest.batch", "ingest.kafka",
                   "ingest.producer", "ingest.sources", "ingest.broker", "mechanisms.privacy.composition",
-                  "ingest.privacy_summary")
+                  "ingest.privacy_summary", "ingest.http_protocol", "ingest.outbox", "ingest.sender")
 
 
 def test_demo_package_data_equals_examples_byte_for_byte():
@@ -105,6 +105,9 @@ def test_client_side_imports_and_publishes_without_the_extras():
 
         unit = PrivacySetting(unit="device", period="1d", reports_per_period=2)
         composed = "composed" in schema.privacy_summary(unit)["numeric"]  # dp-accounting is client side
+        from ingest.sender import CollectorSender  # stdlib HTTP, ssl and sqlite3 only
+
+        CollectorSender("https://127.0.0.1:9", "t", schema, timeout_s=1).outbox.put(record, batch.n)
         leaked = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))
         print(batch.n, back.n, len(record) > 0, composed, leaked)
     """)
