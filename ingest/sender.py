@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.batch import ReportBatch, concat_batches, slice_batch
-from ingest.errors import ConfigError, SchemaError, SenderError, TokenFileError
+from ingest.errors import ConfigError, OutboxError, SchemaError, SenderError, TokenFileError
 from ingest.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH, RETRYABLE_STATUSES
 from ingest.outbox import Outbox, QueuedBatch
 
@@ -280,7 +280,8 @@ class CollectorSender:
             raise ConfigError(f"url must be an http:// or https:// URL, got {type(url).__name__}")
         parts = urllib.parse.urlsplit(url.strip())
         try:
-            parts.port  # noqa: B018  (raises on a bad port)
+            if parts.port == 0:  # (raises on a port out of range)
+                raise ValueError
         except ValueError:
             raise ConfigError(f"url must be an http:// or https:// URL with a port in [1, 65535], got "
                               f"{url!r}") from None
@@ -429,7 +430,7 @@ class CollectorSender:
             self._put_lingering(force=False)
         if self._halted is not None:
             lock.release()
-            return 3600.0
+            return self.linger_s if self._buf_n else 3600.0
         head = self.outbox.head()
         if head is None:
             lock.release()
@@ -571,10 +572,11 @@ class CollectorSender:
                 return
         try:
             self.flush(timeout)
-        except SenderError:
+        except (SenderError, OutboxError):  # said below; an outbox too full for lingering reports
             pass
         with self._lock:
             self._closed = True
+            lingering, self._buf, self._buf_n = self._buf_n, [], 0
         self._stop.set()
         self._wake.set()
         self._http.abort()
@@ -583,15 +585,17 @@ class CollectorSender:
         s = self.stats
         if self._own_outbox:
             self.outbox.close()
-        if counts["queued"] or s.rejected:
+        if counts["queued"] or s.rejected or lingering:
             where = ("in memory: lost now" if self.outbox.memory else
                      f"kept in {self.outbox.path!r}, sent by the next sender on it")
+            lost = f", {lingering} lingering reports the outbox could not take (lost)" if lingering else ""
             raise SenderError(
-                f"{counts['queued_reports'] + s.reports_rejected} reports not delivered to {self.url}: "
-                f"{counts['queued']} batches ({counts['queued_reports']} reports) still queued ({where}), "
-                f"{s.rejected} batches ({s.reports_rejected} reports) rejected; last error: {s.last_error}",
-                queued=counts["queued"], queued_reports=counts["queued_reports"], rejected=s.rejected,
-                rejected_reports=s.reports_rejected)
+                f"{counts['queued_reports'] + s.reports_rejected + lingering} reports not delivered to "
+                f"{self.url}: {counts['queued']} batches ({counts['queued_reports']} reports) still queued "
+                f"({where}), {s.rejected} batches ({s.reports_rejected} reports) rejected{lost}; last error: "
+                f"{s.last_error}",
+                queued=counts["queued"], queued_reports=counts["queued_reports"] + lingering,
+                rejected=s.rejected, rejected_reports=s.reports_rejected)
 
     def __enter__(self) -> CollectorSender:
         return self

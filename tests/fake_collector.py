@@ -49,6 +49,7 @@ class FakeCollector:
     default: object = "accept"
     retry_after: int = 1
     schemas: dict | None = None
+    tls: tuple | None = None  # (certificate PEM path, key PEM path): serve https
 
     def __post_init__(self) -> None:
         self.requests: list[Request] = []
@@ -73,13 +74,19 @@ class FakeCollector:
         self.port = free_port()
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
+        if self.tls:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def keys(self) -> list[str]:
         """The keys of the requests, in arrival order (repeats included)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -309,6 +310,29 @@ def test_two_processes_on_one_outbox_never_deliver_one_row_at_the_same_time(tmp_
     assert Outbox(path).counts()["queued"] == 0
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_verifies_the_certificate_against_the_ca_file(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    with FakeCollector(tls=(str(cert), str(key)), schemas=KNOWN) as fc:
+        assert fc.url.startswith("https://")
+        # without the CA file the self-signed certificate is not trusted: retried, never delivered
+        untrusting = CollectorSender(fc.url, TOKEN, SCHEMA, **FAST)
+        untrusting.send(reports(3))
+        with pytest.raises(SenderError, match=r"1 batches \(3 reports\) still queued.*"
+                                              r"CERTIFICATE_VERIFY_FAILED"):
+            untrusting.flush(0.5)
+        assert fc.accepted_keys() == [] and untrusting.stats.retries >= 1
+        with pytest.raises(SenderError):
+            untrusting.close(timeout=0)
+        with CollectorSender(fc.url, TOKEN, SCHEMA, ca_file=cert) as sender:
+            sender.send(reports(3))
+            sender.flush(10)
+        assert delivered(fc) == reports(3)
+
+
 def test_a_token_file_readable_by_others_is_refused_naming_the_path(tmp_path):
     f = tmp_path / "token"
     f.write_text(f"  {TOKEN}\n")
@@ -333,6 +357,7 @@ def test_a_token_file_readable_by_others_is_refused_naming_the_path(tmp_path):
     (("ftp://h", TOKEN), {}, r"url must be an http:// or https:// URL"),
     (("http://", TOKEN), {}, r"url must be an http:// or https:// URL"),
     (("http://h:99999", TOKEN), {}, r"url must be .* port in \[1, 65535\]"),
+    (("http://h:0", TOKEN), {}, r"url must be .* port in \[1, 65535\]"),
     (("http://u:p@h", TOKEN), {}, r"no user, query or fragment"),
     (("http://h?x=1", TOKEN), {}, r"no user, query or fragment"),
     ((3, TOKEN), {}, r"url must be"),
