@@ -170,10 +170,13 @@ class _Http:
         self.context = ssl.create_default_context(cafile=ca_file) if self.https else None
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+        self._aborted = threading.Event()
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any, bytes]:
         """``(status, headers, body)``; raises OSError / HTTPException (the connection is closed)."""
         for reused in (True, False):
+            if self._aborted.is_set():
+                raise ConnectionAbortedError("the sender is closing")
             with self._lock:
                 if self._conn is None:
                     reused = False
@@ -189,7 +192,7 @@ class _Http:
                 data = resp.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
                 self.close()
-                if reused:  # a keep-alive connection the server had closed: once more, afresh
+                if reused and not self._aborted.is_set():  # a kept-alive connection the server closed
                     continue
                 raise exc from None
             except BaseException:
@@ -201,7 +204,9 @@ class _Http:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def abort(self) -> None:
-        """Break an in-flight request from another thread (its POST then fails)."""
+        """Break an in-flight request from another thread (its POST then fails, and so does every
+        later one)."""
+        self._aborted.set()
         conn = self._conn
         sock = getattr(conn, "sock", None)
         if sock is not None:
@@ -579,8 +584,10 @@ class CollectorSender:
             lingering, self._buf, self._buf_n = self._buf_n, [], 0
         self._stop.set()
         self._wake.set()
-        self._http.abort()
-        self._thread.join(self.timeout_s + 5.0)
+        deadline = time.monotonic() + self.timeout_s + 5.0
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            self._http.abort()  # again and again: a POST may be connecting while the first one lands
+            self._thread.join(0.05)
         self._final_counts = counts = self.outbox.counts()
         s = self.stats
         if self._own_outbox:

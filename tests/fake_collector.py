@@ -79,7 +79,9 @@ class FakeCollector:
 
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(*self.tls)
-            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            # the handshake happens in the handler thread (on the first read), not in accept()
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
         self.thread.start()
