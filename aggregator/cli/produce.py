@@ -21,7 +21,7 @@ def register(subparsers) -> None:
         "produce", help="privatize events from a source and publish the reports to Kafka or a collector",
         description="Read events from a source, privatize them on the client with the schema's "
                     "mechanisms, batch reports into records and publish them: to Kafka, or with "
-                    "--collector URL by HTTPS POST to a collector (no Kafka credentials on the device; "
+                    "--collector URL by HTTP(S) POST to a collector (no Kafka credentials on the device; "
                     "batches wait in an outbox until the collector acknowledged them, and are retried "
                     "with back-off; docs/devices.md §6). Prints a final line "
                     "of counts; exit status 1 if any report was not delivered (with --collector: still "
