@@ -157,3 +157,20 @@ def test_the_help_says_where_unsent_batches_go(capsys):
     assert "--collector URL" in text and "--token-file FILE" in text and "--ca-file FILE" in text
     assert "without a file, batches not sent by the exit are lost" in text
     assert "reports per Kafka record, or per POST with --collector" in text
+
+
+def test_a_later_run_on_the_same_outbox_first_sends_what_an_earlier_run_left(files, tmp_path, capsys):
+    schema, events, token = files
+    outbox = tmp_path / "o.db"
+    with FakeCollector(default=503, retry_after=0) as down:
+        rc = produce(schema, events, token, down.url, "--outbox", str(outbox), "--flush-timeout", "0.2")
+    assert rc == 1
+    left = [b.key for b in Outbox(outbox).batches()]
+    assert len(left) == 1  # 250 reports, up to 1000 per POST
+    ts = TelemetrySchema.load(schema)
+    with FakeCollector(schemas={ts.fingerprint: ts}) as up:
+        assert produce(schema, events, token, up.url, "--outbox", str(outbox)) == 0
+    m = COUNTS.search(capsys.readouterr().out.strip().splitlines()[-1])
+    assert m and (int(m.group(1)), int(m.group(4)), m.group(9)) == (500, 0, str(outbox))
+    assert up.accepted_keys()[:1] == left and len(up.accepted_keys()) == 2
+    assert Outbox(outbox).counts()["queued"] == 0
