@@ -52,6 +52,7 @@ from pydantic import (
     model_validator,
 )
 
+from aggregator.collector.config import DEFAULT_MAX_BODY_BYTES, CollectorSection
 from aggregator.custom_loss import load_custom_loss
 from aggregator.errors import ConfigError
 from aggregator.queries import (
@@ -72,6 +73,7 @@ from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX, KafkaSettings
 _TRIM_MIB = (MMAP_THRESHOLD_MAX >> 20, TRIM_THRESHOLD_MAX >> 20)
 
 __all__ = [
+    "CollectorSection",
     "PipelineConfig",
     "PipelineSection",
     "ServeSection",
@@ -187,7 +189,7 @@ class ServeSection(_Frozen):
 
 
 class PipelineConfig(_Frozen):
-    """A whole pipeline: schema, Kafka client settings, topics, worker, serve and queries.
+    """A whole pipeline: schema, Kafka client settings, topics, worker, serve, collector and queries.
 
     Attributes
     ----------
@@ -196,6 +198,9 @@ class PipelineConfig(_Frozen):
         Client settings (``bootstrap_servers``, ``security_protocol``, ``sasl_*``, ``ssl_*``);
         ``bootstrap_servers`` defaults to :data:`DEFAULT_BOOTSTRAP` (127.0.0.1:9092).
     topics, worker, serve : sections
+    collector : aggregator.collector.config.CollectorSection
+        ``ldp-stream collect`` (docs/collector.md §4); its ``max_body_bytes`` is at most
+        ``worker.max_record_bytes``.
     queries : tuple of Query
         Names are unique.
     source_path : Path or None
@@ -215,6 +220,7 @@ class PipelineConfig(_Frozen):
     topics: TopicsSection = TopicsSection()
     worker: WorkerSection = WorkerSection()
     serve: ServeSection = ServeSection()
+    collector: CollectorSection = CollectorSection()
     queries: tuple[Query, ...] = ()
     source_path: Path | None = Field(default=None, strict=False)
 
@@ -230,6 +236,18 @@ class PipelineConfig(_Frozen):
                 raise ValueError(f"query name {q.name!r} is used twice")
             seen.add(q.name)
         return v
+
+    @field_validator("collector")
+    @classmethod
+    def _body_fits_worker(cls, v: CollectorSection, info) -> CollectorSection:
+        worker = info.data.get("worker")
+        limit = worker.max_record_bytes if worker is not None else v.max_body_bytes
+        if v.max_body_bytes <= limit:
+            return v
+        if "max_body_bytes" in v.model_fields_set:  # a body the workers would dead-letter
+            raise ValueError(f"max_body_bytes ({v.max_body_bytes}) must be <= worker.max_record_bytes "
+                             f"({limit}): the workers dead-letter larger records")
+        return v.model_copy(update={"max_body_bytes": min(DEFAULT_MAX_BODY_BYTES, limit)})
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -308,6 +326,8 @@ class PipelineConfig(_Frozen):
             section = cfg.pipeline.model_copy(
                 update={"schema_path": Path(base_dir) / cfg.pipeline.schema_path})
             cfg = cfg.model_copy(update={"pipeline": section})
+        if base_dir is not None:
+            cfg = cfg.model_copy(update={"collector": cfg.collector.resolved(Path(base_dir))})
         if validate:
             cfg._schema = cfg.load_schema()
             cfg._losses = validate_queries(cfg.queries, cfg._schema)

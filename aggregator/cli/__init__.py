@@ -20,7 +20,7 @@ from ingest.processes import exit_with_parent
 from mechanisms.errors import LdpStreamError
 
 # module name under aggregator.cli, in --help order
-SUBCOMMANDS = ("demo", "privacy", "broker", "produce", "work", "serve", "analyze")
+SUBCOMMANDS = ("demo", "privacy", "broker", "produce", "work", "serve", "collect", "analyze")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,266 @@
+"""The Kafka side of the collector: each accepted body becomes one record of the reports topic,
+sent at most once per idempotency key while the key is remembered (docs/collector.md §6).
+
+:meth:`Forwarder.submit` is the exactly-once step. With the key's entry
+(:class:`~aggregator.collector.idempotency.IdempotencyTable`):
+
+* accepted → a duplicate (same body) or ``idempotency_key_reused`` (another body), nothing sent;
+* in flight → wait (up to ``ack_timeout_s`` in all) for that record's outcome, never send again:
+  acknowledged → duplicate; failed → the key is free, send it now (the waiter that wakes first
+  does; the others then find it in flight again);
+* unknown → create the in-flight entry, send, and wait for the acknowledgement.
+
+The Kafka client resolves a record's future on its own thread; the callbacks hand the outcome to
+the event loop with ``loop.call_soon_threadsafe``, where the table is changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from aggregator.collector.idempotency import ACCEPTED, IN_FLIGHT, IdempotencyTable
+from aggregator.errors import RequestRefused
+
+__all__ = ["Forwarder", "Readiness", "Submitted"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """The answer to an accepted body: ``reports`` (the count of the first copy for a duplicate)
+    and whether it was a ``duplicate``."""
+
+    reports: int
+    duplicate: bool
+
+
+class Forwarder:
+    """Send bodies to the reports topic once per ``(token id, key)``.
+
+    Parameters
+    ----------
+    transport : ingest.kafka.Transport
+        ``send(topic, value)`` returns a future with ``add_callback`` / ``add_errback``
+        (kafka-python's ``FutureRecordMetadata``); ``flush`` and ``close`` take a timeout.
+    topic : str
+        The reports topic.
+    table : IdempotencyTable
+    ack_timeout_s : float
+        Seconds a request waits for the outcome of its record (> 0).
+    max_inflight_bytes : int
+        Body bytes allowed in flight; a body that would exceed it is refused (503 ``overloaded``).
+
+    Notes
+    -----
+    Source: docs/collector.md §6. All methods but :meth:`close` run on the event loop.
+    """
+
+    def __init__(self, transport, topic: str, table: IdempotencyTable, *, ack_timeout_s: float,
+                 max_inflight_bytes: int) -> None:
+        self.transport, self.topic, self.table = transport, topic, table
+        self.ack_timeout_s = float(ack_timeout_s)
+        self.max_inflight_bytes = int(max_inflight_bytes)
+        self.sent = 0  # records handed to the transport
+
+    def _unavailable(self, why: str) -> RequestRefused:
+        return RequestRefused("broker_unavailable", why, retry_after=max(1, math.ceil(self.ack_timeout_s)))
+
+    async def submit(self, scope: str, key: str, body: bytes, reports: int) -> Submitted:
+        """Forward ``body`` once for ``(scope, key)`` and wait for Kafka's acknowledgement.
+
+        Parameters
+        ----------
+        scope : str
+            The token id (keys of different tokens never collide).
+        key : str
+            The ``Idempotency-Key``.
+        body : bytes
+            The exact request body, sent as the record value.
+        reports : int
+            Its report count (≥ 1, from the decoder).
+
+        Returns
+        -------
+        Submitted
+
+        Raises
+        ------
+        aggregator.errors.RequestRefused
+            422 ``idempotency_key_reused`` (the key is known with another body); 503
+            ``overloaded`` (``max_inflight_bytes`` would be exceeded); 503 ``broker_unavailable``
+            (no outcome within ``ack_timeout_s`` — the record stays in flight and a retry waits
+            for it — or the send failed: nothing was written, a retry sends anew).
+        """
+        digest = hashlib.sha256(body).digest()
+        deadline = time.monotonic() + self.ack_timeout_s
+        while True:
+            entry = self.table.lookup(scope, key)
+            if entry is not None and entry.digest != digest:
+                raise RequestRefused("idempotency_key_reused",
+                                     f"the key {key!r} was used for another body (a retry must send "
+                                     "the same bytes; a new batch needs a new key)")
+            if entry is not None and entry.state == ACCEPTED:
+                return Submitted(entry.reports, True)
+            if entry is not None and entry.state == IN_FLIGHT:
+                # the first copy is on its way: wait for it, never send a second one
+                if not await self._wait(entry.done, deadline):
+                    raise self._unavailable("Kafka has not acknowledged an earlier copy of this batch "
+                                            f"within {self.ack_timeout_s:g} s; retry with the same key")
+                continue  # acknowledged → duplicate; failed → the key is free
+            return await self._send(scope, key, body, reports, digest, deadline)
+
+    async def _send(self, scope: str, key: str, body: bytes, reports: int, digest: bytes,
+                    deadline: float) -> Submitted:
+        if self.table.inflight_bytes + len(body) > self.max_inflight_bytes:
+            raise RequestRefused("overloaded", f"{self.table.inflight_bytes} bytes await Kafka's "
+                                 f"acknowledgement (limit {self.max_inflight_bytes}); retry later",
+                                 retry_after=1)
+        entry = self.table.begin(scope, key, digest, reports, len(body))  # no await before: atomic
+        loop = asyncio.get_running_loop()
+
+        def send() -> None:  # in a thread: kafka-python's send may block on metadata or a full buffer
+            try:
+                future = self.transport.send(self.topic, body)
+            except BaseException:  # nothing queued: the key is free again
+                _call_soon(loop, self.table.resolve, entry, False)
+                raise
+            self.sent += 1
+            self._bridge(loop, future, entry)  # here, so that a cancelled request still settles it
+
+        try:
+            await asyncio.to_thread(send)
+        except Exception as exc:
+            self.table.resolve(entry, False)
+            log.warning("send to %s failed for token %r: %s", self.topic, scope, _one_line(exc))
+            raise self._unavailable(f"the batch could not be sent to Kafka ({type(exc).__name__}); "
+                                    "retry with the same key") from None
+        if not await self._wait(entry.done, deadline):
+            # the client may still deliver it: the entry stays in flight until it says
+            raise self._unavailable(f"Kafka did not acknowledge the batch within {self.ack_timeout_s:g} "
+                                    "s; retry with the same key")
+        if entry.state != ACCEPTED:
+            raise self._unavailable("Kafka refused the batch; retry with the same key")
+        return Submitted(reports, False)
+
+    def _bridge(self, loop: asyncio.AbstractEventLoop, future, entry) -> None:
+        table = self.table
+
+        def settle(ok: bool, exc: BaseException | None = None) -> None:
+            if exc is not None:
+                log.warning("Kafka failed a record of token %r: %s", entry.scope, _one_line(exc))
+            table.resolve(entry, ok)
+
+        def on_ack(_metadata) -> None:
+            _call_soon(loop, settle, True)
+
+        def on_error(exc: BaseException) -> None:
+            _call_soon(loop, settle, False, exc)
+
+        future.add_callback(on_ack)
+        future.add_errback(on_error)
+
+    @staticmethod
+    async def _wait(done: asyncio.Future, deadline: float) -> bool:
+        """Whether ``done`` resolved before ``deadline`` (monotonic); it is shielded, so a timeout
+        leaves it for the others."""
+        remaining = deadline - time.monotonic()
+        if not done.done():
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(asyncio.shield(done), remaining)
+            except TimeoutError:
+                return False
+        return True
+
+    def close(self, timeout_s: float) -> None:
+        """Flush the transport (bounded by ``timeout_s``) and close it; logs, never raises."""
+        try:
+            self.transport.flush(timeout=timeout_s)
+        except Exception as exc:
+            log.warning("flush on shutdown: %s (%d record(s) in flight)", _one_line(exc),
+                        self.table.inflight)
+        try:
+            self.transport.close(timeout=timeout_s)
+        except Exception as exc:  # pragma: no cover - best effort
+            log.warning("closing the Kafka producer: %s", _one_line(exc))
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed (shutdown): nobody waits any more
+        pass
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class Readiness:
+    """Whether the collector can take batches: checked on a thread every ``interval_s`` seconds
+    (docs/collector.md §10).
+
+    Ready while the Kafka client knows the reports topic's partitions (``partitions_for``) and,
+    with ``settings``, a bootstrap server accepts a TCP connection.
+
+    Parameters
+    ----------
+    transport : ingest.kafka.Transport
+        Should have ``partitions_for(topic)``; without it only the broker probe counts.
+    topic : str
+    settings : ingest.kafka.KafkaSettings or None
+        For :func:`ingest.kafka.reachable`; None skips it (tests).
+    interval_s : float
+    """
+
+    def __init__(self, transport, topic: str, settings=None, interval_s: float = 2.0) -> None:
+        self.transport, self.topic, self.settings = transport, topic, settings
+        self.interval_s = float(interval_s)
+        self.ready = False
+        self.reason = "not checked yet"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> bool:
+        """One probe; sets :attr:`ready` and :attr:`reason`."""
+        from ingest.kafka import reachable
+
+        try:
+            if self.settings is not None and not reachable(self.settings):
+                self.ready, self.reason = False, "no bootstrap server accepts a connection"
+                return False
+            probe = getattr(self.transport, "partitions_for", None)
+            parts = probe(self.topic) if probe is not None else {0}
+        except Exception as exc:
+            self.ready, self.reason = False, f"no metadata for {self.topic!r}: {_one_line(exc)}"
+            return False
+        if not parts:
+            self.ready, self.reason = False, f"no partitions known for {self.topic!r}"
+            return False
+        self.ready, self.reason = True, "ok"
+        return True
+
+    def start(self) -> Readiness:
+        """Probe now, then on a daemon thread until :meth:`stop`."""
+        self.check()
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                self.check()
+
+        self._thread = threading.Thread(target=loop, name="collector-readiness", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the probe thread."""
+        self._stop.set()
+        self.ready, self.reason = False, "stopping"
