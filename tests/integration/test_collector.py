@@ -1,0 +1,147 @@
+"""The collector against the real broker (docs/collector.md): the reports topic receives exactly
+the POSTed bytes, once per key; ``ldp-stream collect`` starts, prints its URL, answers
+``/healthz`` and ``/readyz``, forwards a batch and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from aggregator.collector.app import Collector, build_app
+from aggregator.collector.config import CollectorSection
+from aggregator.collector.tokens import TokenStore, mint_token
+from ingest.clients import read_to_end, reader_client
+from ingest.http_protocol import CONTENT_TYPE
+from ingest.kafka import KafkaPythonTransport, KafkaSettings, ensure_topic
+from tests.aggregator.collector_support import body, metric
+from tests.http_server import ServedApp
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the schema of tests.aggregator.collector_support.SCHEMA, as a file
+SCHEMA_TOML = """name = "col"
+[numeric]
+zero_prob = 0.2
+scale = 0.5
+[[numeric.fields]]
+name = "a"
+low = 0.0
+high = 1.0
+"""
+
+
+def read_topic(bootstrap: str, topic: str) -> list[bytes]:
+    from kafka import TopicPartition
+
+    consumer = reader_client(KafkaSettings(bootstrap_servers=bootstrap))
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        values: list[bytes] = []
+        read_to_end(consumer, tps, lambda tp, recs: values.extend(r.value for r in recs), timeout_s=20,
+                    on_timeout=lambda: AssertionError(f"{topic} not read to its end"))
+        return values
+    finally:
+        consumer.close()
+
+
+def post(url: str, data: bytes, key: str, token: str, timeout: float = 10.0):
+    req = urllib.request.Request(url + "/v1/reports", data=data, method="POST", headers={
+        "Authorization": f"Bearer {token}", "Content-Type": CONTENT_TYPE, "Idempotency-Key": key})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def test_the_topic_receives_exactly_the_posted_bytes_once(tmp_path, bootstrap_servers, topic_name):
+    from tests.aggregator import collector_support as cs
+
+    topic = topic_name("col")
+    ensure_topic(bootstrap_servers, topic, 2)
+    transport = KafkaPythonTransport(bootstrap_servers, linger_s=0.0, delivery_timeout_s=10.0)
+    tokens_path = tmp_path / "tokens"
+    token = mint_token(tokens_path, "dev")
+    collector = Collector(CollectorSection(ack_timeout_s=10.0), cs.SCHEMA, transport, topic,
+                         tokens=TokenStore(tokens_path), readiness_interval_s=0.2).start()
+    bodies = [body(n, seed=n) for n in (1, 5, 50, 500)]
+    try:
+        with ServedApp(build_app(collector)) as app:
+            for i, data in enumerate(bodies):
+                assert post(app.url, data, f"b-{i}", token) == (202, {
+                    "accepted": [1, 5, 50, 500][i], "idempotency_key": f"b-{i}", "duplicate": False})
+            for i, data in enumerate(bodies):  # every retry is a duplicate
+                status, js = post(app.url, data, f"b-{i}", token)
+                assert (status, js["duplicate"]) == (202, True)
+            assert post(app.url, bodies[0], "b-1", token)[1]["error"] == "idempotency_key_reused"
+            assert post(app.url, b"junk", "b-9", token)[0] == 422
+            assert get(app.url + "/readyz") == 200
+            with urllib.request.urlopen(app.url + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+            assert metric(text, "ldp_collector_reports_accepted_total") == 556
+            assert metric(text, "ldp_collector_batches_total", outcome="duplicate") == 4
+    finally:
+        collector.close(5.0)
+    got = read_topic(bootstrap_servers, topic)
+    assert sorted(got) == sorted(bodies)  # each body once, byte for byte
+
+
+def test_the_cli_starts_prints_its_url_forwards_and_stops_on_sigterm(tmp_path, bootstrap_servers, topic_name):
+    topic = topic_name("cli")
+    data = body(20, seed=4)
+    tokens_path = tmp_path / "tokens"
+    token = mint_token(tokens_path, "dev")
+    (tmp_path / "col.schema.toml").write_text(SCHEMA_TOML)
+    config = tmp_path / "c.pipeline.toml"
+    config.write_text('[pipeline]\nname = "cli"\nschema = "col.schema.toml"\n'
+                      f'[kafka]\nbootstrap_servers = "{bootstrap_servers}"\n'
+                      f'[topics]\nreports = "{topic}"\nstate = "{topic}.s"\ndead_letter = "{topic}.d"\n'
+                      '[collector]\nport = 0\ntoken_file = "tokens"\nack_timeout_s = 5.0\n')
+    with subprocess.Popen([sys.executable, "-m", "aggregator.cli", "collect", "--config", str(config)],
+                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+        _run_cli(proc, url_line=proc.stderr.readline(), token=token, data=data)
+    assert read_topic(bootstrap_servers, topic) == [data]
+
+
+def _run_cli(proc, url_line: str, token: str, data: bytes) -> None:
+    line = url_line
+    try:
+        m = re.search(r"(http://127\.0\.0\.1:\d+)/v1/reports", line)
+        assert m, line
+        url = m.group(1)
+        deadline = time.monotonic() + 20
+        while get(url + "/healthz") != 200 or get(url + "/readyz") != 200:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the collector did not become ready"
+            time.sleep(0.05)
+        assert post(url, data, "cli-1", token)[0] == 202
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        rest = proc.stderr.read()
+        assert "stopped" in rest and "Traceback" not in rest, rest
+        assert token not in line + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
