@@ -89,14 +89,6 @@ class Collector:
         self.readiness.start()
         return self
 
-    async def drain(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` for the records in flight to be resolved; returns how many
-        are left."""
-        deadline = time.monotonic() + timeout_s
-        while self.table.inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        return self.table.inflight
-
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the probe, flush and close the Kafka client (bounded by ``timeout_s``)."""
         self.stopping = True

@@ -65,7 +65,7 @@ class CollectorSection(StrictModel):
         Seconds an accepted key is remembered, in (0, 1 week] (default 900).
     idempotency_max_keys : int
         Accepted keys remembered at most (least recently used dropped first), in [1, 10⁸]
-        (default 1 000 000).
+        (default 200 000, about 80 MB).
 
     Raises
     ------
@@ -87,7 +87,7 @@ class CollectorSection(StrictModel):
     delivery_timeout_s: _TIMEOUT = 30.0
     max_inflight_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=16 << 30)
     idempotency_window_s: _WINDOW = 900.0
-    idempotency_max_keys: int = Field(default=1_000_000, ge=1, le=100_000_000)
+    idempotency_max_keys: int = Field(default=200_000, ge=1, le=100_000_000)
 
     @model_validator(mode="after")
     def _check(self) -> CollectorSection:

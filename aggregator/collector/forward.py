@@ -123,6 +123,7 @@ class Forwarder:
                                  f"acknowledgement (limit {self.max_inflight_bytes}); retry later",
                                  retry_after=1)
         entry = self.table.begin(scope, key, digest, reports, len(body))  # no await before: atomic
+        done = entry.done  # the table drops it once resolved, maybe while the send is awaited
         loop = asyncio.get_running_loop()
 
         def send() -> None:  # in a thread: kafka-python's send may block on metadata or a full buffer
@@ -141,7 +142,7 @@ class Forwarder:
             log.warning("send to %s failed for token %r: %s", self.topic, scope, _one_line(exc))
             raise self._unavailable(f"the batch could not be sent to Kafka ({type(exc).__name__}); "
                                     "retry with the same key") from None
-        if not await self._wait(entry.done, deadline):
+        if not await self._wait(done, deadline):
             # the client may still deliver it: the entry stays in flight until it says
             raise self._unavailable(f"Kafka did not acknowledge the batch within {self.ack_timeout_s:g} "
                                     "s; retry with the same key")

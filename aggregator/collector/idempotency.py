@@ -50,9 +50,9 @@ class Entry:
         Body bytes (counted in :attr:`IdempotencyTable.inflight_bytes` while in flight).
     state : str
         :data:`IN_FLIGHT` or :data:`ACCEPTED` (a removed entry is no longer in the table).
-    done : asyncio.Future
+    done : asyncio.Future or None
         Resolved with True (acknowledged) or False (failed) when the entry leaves
-        :data:`IN_FLIGHT`; requests waiting on the key await it (shielded).
+        :data:`IN_FLIGHT`, then dropped (None); requests waiting on the key await it (shielded).
     accepted_at : float or None
         Monotonic seconds of the acknowledgement.
     """
@@ -175,8 +175,9 @@ class IdempotencyTable:
                     self.on_evict()
         else:
             entry.state = "removed"
-        if not entry.done.done():
-            entry.done.set_result(bool(acknowledged))
+        done, entry.done = entry.done, None  # the waiters hold it; an accepted entry needs none
+        if done is not None and not done.done():
+            done.set_result(bool(acknowledged))
 
     def _expire(self) -> None:
         """Drop accepted entries past the window from the least recently used end."""
