@@ -7,13 +7,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from aggregator.collector.app import Collector, build_app
 from aggregator.collector.config import CollectorSection
@@ -63,9 +68,12 @@ def post(url: str, data: bytes, key: str, token: str, timeout: float = 10.0):
         return exc.code, json.loads(exc.read())
 
 
-def get(url: str) -> int:
+def get(url: str, ca: Path | None = None) -> int:
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=5, context=context) as r:
             return r.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -105,43 +113,77 @@ def test_the_topic_receives_exactly_the_posted_bytes_once(tmp_path, bootstrap_se
     assert sorted(got) == sorted(bodies)  # each body once, byte for byte
 
 
-def test_the_cli_starts_prints_its_url_forwards_and_stops_on_sigterm(tmp_path, bootstrap_servers, topic_name):
-    topic = topic_name("cli")
-    data = body(20, seed=4)
-    tokens_path = tmp_path / "tokens"
-    token = mint_token(tokens_path, "dev")
+@contextmanager
+def running_collect(tmp_path: Path, bootstrap: str, topic: str, extra: str = "", ca: Path | None = None):
+    """``ldp-stream collect`` in a subprocess: yields ``(proc, url, first stderr line)`` once
+    ``/healthz`` and ``/readyz`` answer 200; SIGTERM at the end must exit it with 0."""
     (tmp_path / "col.schema.toml").write_text(SCHEMA_TOML)
     config = tmp_path / "c.pipeline.toml"
     config.write_text('[pipeline]\nname = "cli"\nschema = "col.schema.toml"\n'
-                      f'[kafka]\nbootstrap_servers = "{bootstrap_servers}"\n'
+                      f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
                       f'[topics]\nreports = "{topic}"\nstate = "{topic}.s"\ndead_letter = "{topic}.d"\n'
-                      '[collector]\nport = 0\ntoken_file = "tokens"\nack_timeout_s = 5.0\n')
+                      '[collector]\nport = 0\ntoken_file = "tokens"\nack_timeout_s = 5.0\n' + extra)
     with subprocess.Popen([sys.executable, "-m", "aggregator.cli", "collect", "--config", str(config)],
                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
-        _run_cli(proc, url_line=proc.stderr.readline(), token=token, data=data)
+        try:
+            line = proc.stderr.readline()
+            m = re.search(r"(https?://127\.0\.0\.1:\d+)/v1/reports", line)
+            assert m, line + proc.stderr.read()
+            url = m.group(1)
+            deadline = time.monotonic() + 20
+            while get(url + "/healthz", ca) != 200 or get(url + "/readyz", ca) != 200:
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, "the collector did not become ready"
+                time.sleep(0.05)
+            yield proc, url, line
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+            rest = proc.stderr.read()
+            assert "stopped" in rest and "Traceback" not in rest, rest
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_the_cli_starts_prints_its_url_forwards_and_stops_on_sigterm(tmp_path, bootstrap_servers, topic_name):
+    topic = topic_name("cli")
+    data = body(20, seed=4)
+    token = mint_token(tmp_path / "tokens", "dev")
+    with running_collect(tmp_path, bootstrap_servers, topic) as (_, url, line):
+        assert line.startswith("ldp-stream collect: pipeline 'cli', reports on http://127.0.0.1:")
+        assert post(url, data, "cli-1", token)[0] == 202
+        assert token not in line
     assert read_topic(bootstrap_servers, topic) == [data]
 
 
-def _run_cli(proc, url_line: str, token: str, data: bytes) -> None:
-    line = url_line
-    try:
-        m = re.search(r"(http://127\.0\.0\.1:\d+)/v1/reports", line)
-        assert m, line
-        url = m.group(1)
-        deadline = time.monotonic() + 20
-        while get(url + "/healthz") != 200 or get(url + "/readyz") != 200:
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the collector did not become ready"
-            time.sleep(0.05)
-        assert post(url, data, "cli-1", token)[0] == 202
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-        rest = proc.stderr.read()
-        assert "stopped" in rest and "Traceback" not in rest, rest
-        assert token not in line + rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_device_sender_delivers_over_https_once(tmp_path, bootstrap_servers, topic_name):
+    """The real device side (ingest.sender) against the real collector over TLS: every report
+    lands once, in records of reports_per_batch reports."""
+    from ingest.batch import concat_batches
+    from ingest.codec import decode
+    from ingest.privatizer import Privatizer
+    from ingest.sender import CollectorSender
+    from tests.aggregator.collector_support import SCHEMA
 
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    topic = topic_name("tls")
+    token = mint_token(tmp_path / "tokens", "dev")
+    rng = np.random.default_rng(11)
+    reports = Privatizer(SCHEMA, rng).privatize_batch({"a": rng.random(2500)})
+    with running_collect(tmp_path, bootstrap_servers, topic,
+                         'tls_certfile = "cert.pem"\ntls_keyfile = "key.pem"\n', ca=cert) as (_, url, _):
+        assert url.startswith("https://")
+        with CollectorSender(url, token, SCHEMA, ca_file=cert, reports_per_batch=1000) as sender:
+            sender.send(reports)
+            sender.flush(20)
+            assert sender.stats.duplicates == 0
+    values = read_topic(bootstrap_servers, topic)
+    assert len(values) == 3
+    got = concat_batches([decode(v, {SCHEMA.fingerprint: SCHEMA}) for v in values])
+    assert got.n == 2500 and got == reports  # one partition: in order
