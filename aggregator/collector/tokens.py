@@ -178,6 +178,10 @@ class TokenStore:
     TokenFileError
         At construction, as :func:`read_token_file`. A later reload that fails keeps the tokens
         loaded before and logs the error (one line, without tokens or hashes).
+
+    Notes
+    -----
+    Source: docs/collector.md §5.4 (rotation), §5.2 (comparison).
     """
 
     def __init__(self, path: str | os.PathLike, *, check_every_s: float = 2.0,
@@ -303,6 +307,10 @@ def mint_token(path: str | os.PathLike, token_id: str, expires: int | None = Non
     ------
     TokenFileError
         Bad id, id already present, or an existing file that is malformed or not private.
+
+    Notes
+    -----
+    Source: docs/collector.md §5.1.
     """
     from ingest.event_time import iso_utc
 

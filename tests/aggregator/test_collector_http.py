@@ -251,3 +251,30 @@ def test_a_rotated_token_file_is_reloaded_without_restart(own):
     assert status == 401
     text = served.get("/metrics")[1]
     assert metric(text, "ldp_collector_token_reloads_total", outcome="ok") == 2
+
+
+def test_a_stopping_server_still_answers_the_batch_awaiting_its_ack(own):
+    """What SIGTERM does (uvicorn's should_exit): stop listening, let the request in progress get
+    its acknowledgement and answer 202, then close the producer."""
+    import threading
+
+    own.transport.mode = "hold"
+    data = body(3)
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", own.post(data, "stop-1")), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 3
+    while not own.transport.pending:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    own.server.server.should_exit = True
+    time.sleep(0.2)
+    assert t.is_alive()  # still waiting for Kafka, not cut off
+    own.transport.ack_all()
+    t.join(5)
+    assert out["r"][:2] == (202, {"accepted": 3, "idempotency_key": "stop-1", "duplicate": False})
+    own.server.thread.join(5)
+    assert not own.server.thread.is_alive()
+    own.collector.close(1.0)
+    assert own.transport.flushed == 1 and own.transport.closed
+    assert own.collector.readiness_state()[0] == 503
