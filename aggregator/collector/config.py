@@ -71,6 +71,10 @@ class CollectorSection(StrictModel):
     ------
     pydantic.ValidationError
         (wrapped as ``ConfigError`` by ``PipelineConfig``) naming the key and its range.
+
+    Notes
+    -----
+    Source: docs/collector.md §4; the window and timeouts: §6; the limits: §7; TLS: §8.
     """
 
     host: str = Field(default="127.0.0.1", min_length=1)

@@ -95,6 +95,10 @@ def read_token_file(path: str | os.PathLike) -> tuple[TokenInfo, ...]:
         Missing, unreadable, not private, or a malformed line (``<file>:<line>: …``): a bad id,
         a hash that is not ``sha256:`` and 64 lowercase hex digits, a bad expiry, extra fields,
         an id or hash used twice.
+
+    Notes
+    -----
+    Source: docs/collector.md §5.2 (format), §5.3 (permissions).
     """
     p = Path(path)
     _check_mode(p)
