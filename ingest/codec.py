@@ -1,7 +1,8 @@
 """Columnar wire format of a batch of reports (specification: docs/wire-format.md §1–§5).
 
-``encode(batch, time_resolution=None) -> bytes`` and ``decode(data, known_schemas) ->
-ReportBatch``. All integers are little-endian. Layout::
+``encode(batch, time_resolution=None) -> bytes`` (with ``encode_records`` for many records at
+once, both from :mod:`ingest.encode`) and ``decode(data, known_schemas) -> ReportBatch``. All
+integers are little-endian. Layout::
 
     header (32 bytes)  magic b"LDPR" | version u8 (1, or 2 with a TIME block) | flags u8 = 0
                        | reserved u16 = 0 | fingerprint 16 bytes | n u32 | d u16 | n_cat u16
@@ -34,6 +35,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from ingest.batch import ReportBatch, concat_batches
+from ingest.encode import (
+    BLOCK,
+    FORMAT_VERSION,
+    FORMAT_VERSION_TIME,
+    HEADER,
+    KIND_BITMAP,
+    KIND_CODES,
+    KIND_SPARSE,
+    KIND_TIME,
+    MAGIC,
+    UINT,
+    encode,
+    encode_records,
+)
 from ingest.errors import (
     BadLengthError,
     BadMagicError,
@@ -42,7 +57,6 @@ from ingest.errors import (
     MalformedError,
     NonFiniteError,
     OutOfRangeError,
-    SchemaError,
     SchemaMismatchError,
     TooLargeError,
     TrailingBytesError,
@@ -50,7 +64,7 @@ from ingest.errors import (
     UnknownFingerprintError,
     UnsupportedVersionError,
 )
-from ingest.event_time import MAX_EVENT_TIME, MAX_RESOLUTION_S, iso_utc
+from ingest.event_time import MAX_EVENT_TIME, iso_utc
 from ingest.schema import TelemetrySchema
 from mechanisms.uldp.sparse import SparseBits
 
@@ -79,22 +93,14 @@ __all__ = [
     "decode",
     "decode_many",
     "encode",
+    "encode_records",
     "peek_header",
 ]
 
-MAGIC = b"LDPR"
-#: Header version of records of schemas without ``[event_time]``.
-FORMAT_VERSION = 1
-#: Header version of records of schemas with ``[event_time]`` (a TIME block after the others).
-FORMAT_VERSION_TIME = 2
 DEFAULT_MAX_REPORTS = 1_000_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
-KIND_CODES, KIND_SPARSE, KIND_BITMAP, KIND_TIME = 1, 2, 3, 4
-
-_HEADER = struct.Struct("<4sBBH16sIHH")
-_BLOCK = struct.Struct("<BBBBII")
-_UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_HEADER, _BLOCK, _UINT = HEADER, BLOCK, UINT
 _F8 = np.dtype("<f8")
 _U8 = struct.Struct("<Q")
 
@@ -106,126 +112,6 @@ DECODE_REASONS = tuple(
               SchemaMismatchError, BadLengthError, NonFiniteError, OutOfRangeError, TooLargeError,
               TrailingBytesError, MalformedError, InternalDecodeError)
 )
-
-
-# ---------------------------------------------------------------------- encode
-def _width(max_value: int) -> int:
-    return 1 if max_value < 1 << 8 else 2 if max_value < 1 << 16 else 4
-
-
-def encode(batch: ReportBatch, *, time_resolution: int | None = None) -> bytes:
-    """Serialize a batch of reports into one wire record.
-
-    Parameters
-    ----------
-    batch : ReportBatch
-        ``n`` reports; numeric ``(n, d)`` finite float64; categorical int codes ≥ 0 (uRR) or
-        :class:`SparseBits` (uRAP), in schema order; ``event_time`` (int64 Unix seconds) set
-        exactly when the schema has ``[event_time]``.
-    time_resolution : int, optional
-        The schema's event-time resolution in seconds (``TelemetrySchema.time_resolution_s``);
-        required when ``batch.event_time`` is set, refused otherwise.
-
-    Returns
-    -------
-    bytes
-        ``32 + 8·n·d + Σ blocks`` bytes (see the module docstring and docs/wire-format.md): a
-        version-1 record without event times, a version-2 record with a TIME block (12 + 8 +
-        n·width bytes, width 1, 2 or 4: the smallest that holds the largest offset) with them.
-        uRAP columns use the smaller of the sparse and bitmap layouts.
-
-    Raises
-    ------
-    SchemaError
-        If the batch cannot be represented: fingerprint not 16 bytes, non-finite numbers,
-        negative codes, n ≥ 2³², d or the number of fields ≥ 2¹⁶; event times without
-        ``time_resolution`` (or the reverse), a resolution outside [1 s, 7 d], event times that
-        are not multiples of it or lie outside ``[0, MAX_EVENT_TIME]``.
-    """
-    if not isinstance(batch, ReportBatch):
-        raise SchemaError(f"batch must be a ReportBatch, got {type(batch).__name__}")
-    fp = bytes(batch.fingerprint)
-    if len(fp) != 16:
-        raise SchemaError(f"fingerprint must be 16 bytes, got {len(fp)}")
-    num = batch.numeric
-    n, d = num.shape
-    if n >= 1 << 32 or d >= 1 << 16 or len(batch.categorical) >= 1 << 16:
-        raise SchemaError(f"batch too large for the wire format: n={n}, d={d}")
-    if num.size and not np.isfinite(num).all():
-        raise SchemaError("numeric reports must be finite to be encoded")
-    time_block = _encode_time(batch.event_time, time_resolution)
-    version = FORMAT_VERSION if time_block is None else FORMAT_VERSION_TIME
-    parts = [_HEADER.pack(MAGIC, version, 0, 0, fp, n, d, len(batch.categorical)),
-             num.astype(_F8, copy=False).tobytes()]
-    for name, col in batch.categorical.items():
-        if isinstance(col, SparseBits):
-            parts += _encode_bits(col)
-        else:
-            codes = np.asarray(col)
-            if codes.dtype.kind not in "iu":
-                raise SchemaError(f"categorical field {name!r}: codes must be integers, got {codes.dtype}")
-            top = int(codes.max()) if codes.size else 0
-            if codes.size and int(codes.min()) < 0:
-                raise SchemaError(f"categorical field {name!r}: codes must be >= 0")
-            w = _width(top)
-            payload = codes.astype(_UINT[w], copy=False).tobytes()
-            parts += [_BLOCK.pack(KIND_CODES, w, 0, 0, 0, len(payload)), payload]
-    if time_block is not None:
-        parts += time_block
-    return b"".join(parts)
-
-
-def _encode_time(t: np.ndarray | None, res: int | None) -> list[bytes] | None:
-    """The TIME block (header, base, offsets) of event times ``t`` at resolution ``res``, or None
-    for a batch without event times."""
-    if t is None:
-        if res is not None:
-            raise SchemaError(f"time_resolution={res!r} is given but the batch has no event_time "
-                              "(a schema with [event_time] privatizes its event times)")
-        return None
-    if res is None:
-        raise SchemaError("the batch has event times: encode needs time_resolution (the schema's "
-                          "event_time.resolution in seconds, TelemetrySchema.time_resolution_s)")
-    if isinstance(res, bool) or not isinstance(res, int | np.integer) or not 1 <= res <= MAX_RESOLUTION_S:
-        raise SchemaError(f"time_resolution must be an int of seconds in [1, {MAX_RESOLUTION_S}], "
-                          f"got {res!r}")
-    res = int(res)
-    if t.size:
-        lo, hi = int(t.min()), int(t.max())
-        if lo < 0 or hi > MAX_EVENT_TIME:
-            raise SchemaError(f"event_time must be Unix seconds in [0, {MAX_EVENT_TIME}], got "
-                              f"{lo if lo < 0 else hi}")
-        off = t // res
-        rem = t - off * res
-        if rem.any():
-            i = int(np.flatnonzero(rem)[0])
-            raise SchemaError(f"event_time of report {i} ({int(t[i])}) is not a multiple of "
-                              f"time_resolution={res} s (the privatizer rounds event times down)")
-        base = lo // res
-        off -= base
-        w = _width(hi // res - base)
-    else:
-        base, off, w = 0, t, 1
-    payload = _U8.pack(base) + off.astype(_UINT[w]).tobytes()
-    return [_BLOCK.pack(KIND_TIME, w, 0, 0, res, len(payload)), payload]
-
-
-def _encode_bits(col: SparseBits) -> list[bytes]:
-    n, k, nnz = col.n, int(col.k), int(col.indices.size)
-    w = _width(k - 1)
-    lw = _width(k)
-    sparse_size = n * lw + nnz * w
-    row_bytes = (k + 7) // 8
-    bitmap_size = n * row_bytes
-    if bitmap_size < sparse_size:
-        dense = np.zeros((n, row_bytes * 8), dtype=np.uint8)
-        rows = np.repeat(np.arange(n), np.diff(col.offsets))
-        dense[rows, col.indices] = 1
-        payload = np.packbits(dense, axis=1, bitorder="little").tobytes()
-        return [_BLOCK.pack(KIND_BITMAP, 0, 0, 0, k, len(payload)), payload]
-    lens = np.diff(col.offsets).astype(_UINT[lw])
-    payload = lens.tobytes() + col.indices.astype(_UINT[w], copy=False).tobytes()
-    return [_BLOCK.pack(KIND_SPARSE, w, lw, 0, k, len(payload)), payload]
 
 
 # ---------------------------------------------------------------------- decode

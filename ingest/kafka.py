@@ -590,7 +590,20 @@ def close_without_leaving(consumer: Any, timeout_ms: int | None = None) -> bool:
 # ---------------------------------------------------------------------------------- transport
 @runtime_checkable
 class DeliveryFuture(Protocol):
-    """What :meth:`Transport.send` returns: a future resolved on broker ack or failure."""
+    """What :meth:`Transport.send` returns: a future resolved on broker ack or failure (the
+    surface of kafka-python's ``FutureRecordMetadata`` used here). :class:`ingest.producer.ReportProducer`
+    reads ``is_done``/``exception``; the collector's forwarder registers callbacks.
+
+    Attributes
+    ----------
+    is_done : bool
+        True once the record is acknowledged or has definitely failed.
+    exception : BaseException or None
+        The failure, or None (acknowledged, or not done yet).
+    """
+
+    is_done: bool
+    exception: BaseException | None
 
     def add_callback(self, fn: Callable[[Any], Any]) -> Any:
         """Call ``fn(record_metadata)`` once the record is acknowledged."""
@@ -603,10 +616,10 @@ class DeliveryFuture(Protocol):
 class Transport(Protocol):
     """The client-library surface :class:`ingest.producer.ReportProducer` uses.
 
-    A transport must call exactly one of a future's callback/errback for every ``send``, possibly
-    on another thread; ``flush`` returns once every earlier ``send`` is resolved (or raises on
-    timeout). Implementations: :class:`KafkaPythonTransport` (default); a confluent-kafka one can
-    be added without touching callers (docs/kafka.md §3).
+    Every ``send`` returns a :class:`DeliveryFuture` that the client resolves, possibly on another
+    thread; ``flush`` returns once every earlier ``send`` is resolved (or raises on timeout).
+    Implementations: :class:`KafkaPythonTransport` (default); a confluent-kafka one can be added
+    without touching callers (docs/kafka.md §3).
     """
 
     def send(self, topic: str, value: bytes, key: bytes | None = None,

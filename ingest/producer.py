@@ -11,6 +11,7 @@ broker acknowledged its record; failures are counted and raised as
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -21,10 +22,14 @@ from typing import Any, Literal
 import numpy as np
 
 from ingest.batch import ReportBatch, concat_batches, slice_batch
+from ingest.encode import encode, encode_records
 from ingest.errors import ConfigError, ProducerError, SchemaError
 from ingest.kafka import KafkaPythonTransport, KafkaSettings, Transport, ensure_topic, reachable
 
 logger = logging.getLogger(__name__)
+
+#: In-flight records beyond which each send also resolves the leading finished ones.
+_REAP_EVERY = 256
 
 
 @dataclass
@@ -172,9 +177,10 @@ class ReportProducer:
         self.key = self._as_key(key)
         self._privatizer = privatizer
         self._rng = rng
-        self.stats = ProducerStats()
+        self._stats = ProducerStats()
+        self._inflight: collections.deque = collections.deque()  # (future, reports, bytes) in send order
         self._lock = threading.RLock()  # buffer + transport.send
-        self._count_lock = threading.Lock()  # counters, also taken from delivery callbacks
+        self._count_lock = threading.Lock()  # counters and the in-flight queue
         self._buf: list[ReportBatch] = []
         self._buf_n = 0
         self._buf_key: bytes | None = None
@@ -283,9 +289,13 @@ class ReportProducer:
                 pos = take
                 if self._buf_n == rpr:
                     self._emit_buffer()
-            while batch.n - pos >= rpr:
-                self._emit(slice_batch(batch, pos, pos + rpr), k)
-                pos += rpr
+            full = (batch.n - pos) // rpr
+            if full:  # every full record of the batch encoded in one vectorized pass
+                stop = pos + full * rpr
+                part = batch if pos == 0 and stop == batch.n else slice_batch(batch, pos, stop)
+                for value in encode_records(part, rpr, time_resolution=self._time_resolution):
+                    self._emit(value, rpr, k)
+                pos += full * rpr
             if pos < batch.n:
                 if not self._buf_n:
                     self._buf_since = time.monotonic()
@@ -330,7 +340,7 @@ class ReportProducer:
     def _push(self, part: ReportBatch) -> None:
         self._buf.append(part)
         self._buf_n += part.n
-        self.stats.reports_buffered = self._buf_n
+        self._stats.reports_buffered = self._buf_n
 
     def _emit_buffer(self) -> None:
         if not self._buf_n:
@@ -338,41 +348,71 @@ class ReportProducer:
         record = concat_batches(self._buf)
         key = self._buf_key
         self._buf, self._buf_n, self._buf_key = [], 0, None
-        self.stats.reports_buffered = 0
-        self._emit(record, key)
+        self._stats.reports_buffered = 0
+        self._emit(encode(record, time_resolution=self._time_resolution), record.n, key)
 
-    def _emit(self, record: ReportBatch, key: bytes | None) -> None:
-        from ingest.codec import encode
-
-        value = encode(record, time_resolution=self._time_resolution)
-        n = record.n
+    def _emit(self, value: bytes, n: int, key: bytes | None) -> None:
+        """Hand one encoded record of ``n`` reports to the transport; it counts as pending until
+        :meth:`_reap` finds its future resolved."""
         with self._count_lock:
-            self.stats.reports_pending += n
-            self.stats.records_pending += 1
+            self._stats.reports_pending += n
+            self._stats.records_pending += 1
         try:
             fut = self.transport.send(self.topic, value, key=key, partition=None)
         except Exception as exc:  # synchronous failure (buffer full, metadata timeout, closed client)
             self._on_failure(n, exc)
             return
-        size = len(value)
-        fut.add_callback(lambda _md, n=n, size=size: self._on_success(n, size))
-        fut.add_errback(lambda exc, n=n: self._on_failure(n, exc))
-
-    def _on_success(self, n: int, size: int) -> None:
         with self._count_lock:
-            self.stats.reports_pending -= n
-            self.stats.records_pending -= 1
-            self.stats.reports_sent += n
-            self.stats.records_sent += 1
-            self.stats.bytes_sent += size
+            self._inflight.append((fut, n, len(value)))
+            if len(self._inflight) > _REAP_EVERY and self._inflight[0][0].is_done:
+                self._reap_locked(full=False)
+
+    def _reap(self, full: bool = True) -> None:
+        """Count the resolved records as sent or failed (see :meth:`_reap_locked`)."""
+        with self._count_lock:
+            self._reap_locked(full)
+
+    def _reap_locked(self, full: bool) -> None:
+        """Resolve the in-flight records whose futures are done: the leading ones in send order,
+        or (``full``) every one. Reading futures instead of registering a callback per record
+        keeps the client's network thread free of our bookkeeping."""
+        q, st = self._inflight, self._stats
+        keep = []
+        while q:
+            fut, n, size = q.popleft()
+            if not fut.is_done:
+                if not full:
+                    q.appendleft((fut, n, size))
+                    break
+                keep.append((fut, n, size))
+                continue
+            st.reports_pending -= n
+            st.records_pending -= 1
+            if fut.exception is None:
+                st.reports_sent += n
+                st.records_sent += 1
+                st.bytes_sent += size
+            else:
+                self._count_failure(n, fut.exception)
+        q.extend(keep)
+
+    @property
+    def stats(self) -> ProducerStats:
+        """Counters, with every record resolved so far accounted for (see :class:`ProducerStats`)."""
+        self._reap()
+        return self._stats
 
     def _on_failure(self, n: int, exc: BaseException) -> None:
         with self._count_lock:
-            self.stats.reports_pending -= n
-            self.stats.records_pending -= 1
-            self.stats.reports_failed += n
-            self.stats.records_failed += 1
-            self._last_error = exc
+            self._stats.reports_pending -= n
+            self._stats.records_pending -= 1
+            self._count_failure(n, exc)
+
+    def _count_failure(self, n: int, exc: BaseException) -> None:
+        """Count a failed record of ``n`` reports (pending already decremented; lock held)."""
+        self._stats.reports_failed += n
+        self._stats.records_failed += 1
+        self._last_error = exc
         # repr now: a log record must not keep the exception (and its traceback's frames) alive
         logger.warning("record of %d reports to %s not delivered: %s", n, self.topic, repr(exc))
 
@@ -438,9 +478,10 @@ class ReportProducer:
         except Exception as exc:  # KafkaTimeoutError or similar
             timed_out = exc
         with self._count_lock:
-            failed_new = self.stats.reports_failed - self._failed_at_last_flush
-            self._failed_at_last_flush = self.stats.reports_failed
-            pending = self.stats.reports_pending
+            self._reap_locked(full=True)
+            failed_new = self._stats.reports_failed - self._failed_at_last_flush
+            self._failed_at_last_flush = self._stats.reports_failed
+            pending = self._stats.reports_pending
             last = self._last_error
         if failed_new or pending:
             raise ProducerError(
@@ -480,11 +521,12 @@ class ReportProducer:
         except Exception as exc:  # pragma: no cover - close errors are only logged
             logger.warning("closing the transport failed: %r", exc)
         with self._count_lock:
-            undelivered = self.stats.reports_failed + self.stats.reports_pending
-            failed, pending, last = self.stats.reports_failed, self.stats.reports_pending, self._last_error
+            self._reap_locked(full=True)
+            undelivered = self._stats.reports_failed + self._stats.reports_pending
+            failed, pending, last = self._stats.reports_failed, self._stats.reports_pending, self._last_error
         if undelivered:
             raise ProducerError(
-                f"{undelivered} of {undelivered + self.stats.reports_sent} reports were not delivered to "
+                f"{undelivered} of {undelivered + self._stats.reports_sent} reports were not delivered to "
                 f"{self.topic!r} ({failed} failed, {pending} unresolved); last error: {last!r}",
                 undelivered=undelivered,
             )

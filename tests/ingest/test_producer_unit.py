@@ -44,27 +44,19 @@ def _batch(schema, n, seed):
 
 
 class FakeFuture:
+    """kafka-python's ``FutureRecordMetadata`` as the producer reads it (two attributes)."""
+
     def __init__(self):
-        self._cb, self._eb, self.state, self.value = [], [], None, None
+        self.is_done, self.exception = False, None
 
-    def add_callback(self, fn):
-        if self.state == "ok":
-            fn(self.value)
-        else:
-            self._cb.append(fn)
-        return self
+    def add_callback(self, fn):  # not used by ReportProducer (it reads is_done / exception)
+        raise AssertionError("ReportProducer must not register callbacks")
 
-    def add_errback(self, fn):
-        if self.state == "err":
-            fn(self.value)
-        else:
-            self._eb.append(fn)
-        return self
+    add_errback = add_callback
 
     def resolve(self, ok=True):
-        self.state, self.value = ("ok", "meta") if ok else ("err", RuntimeError("broker said no"))
-        for fn in self._cb if ok else self._eb:
-            fn(self.value)
+        self.exception = None if ok else RuntimeError("broker said no")
+        self.is_done = True
 
 
 class FakeTransport:
@@ -89,7 +81,7 @@ class FakeTransport:
         if not self.auto:
             return
         with self.lock:
-            todo = [(i, f) for i, f in enumerate(self.futures) if f.state is None]
+            todo = [(i, f) for i, f in enumerate(self.futures) if not f.is_done]
         for i, f in todo:
             f.resolve(ok=not (self.fail_every and (i + 1) % self.fail_every == 0))
 
