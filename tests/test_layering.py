@@ -150,6 +150,18 @@ def test_serve_and_analyze_do_not_import_the_worker(module):
     assert not _violations([module], ["aggregator.worker"])
 
 
+def test_the_collector_imports_neither_the_worker_nor_analyze():
+    """The collector checks and forwards bytes with the decoder and Kafka helpers of ingest; its
+    own package needs no query state or serve either (the command loads the pipeline config,
+    whose query specs do)."""
+    package = _modules_under("aggregator.collector")
+    assert "aggregator.collector.app" in package
+    assert not _violations(package, ["aggregator.worker", "aggregator.serve", "aggregator.state",
+                                     "aggregator.analyze", "aggregator.demo"])
+    assert not _violations(["aggregator.cli.collect"], ["aggregator.worker", "aggregator.analyze",
+                                                        "aggregator.demo"])
+
+
 @pytest.mark.parametrize("module", CLIENT_SIDE)
 def test_the_client_side_imports_no_server_module(module):
     """Privatize and publish needs no server-side module and, at import, no server-only package."""
