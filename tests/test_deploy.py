@@ -2,9 +2,12 @@
 things that exist (services, files, ports, CLI flags, metric names), and the KEDA scaler never
 scales past the partition count.
 
-Metric names used by the dashboard and the alert rules are checked against what a real worker and
-a real serve expose over HTTP (``WorkerMetrics`` registers every family at construction — checked
-here too — and serve's ``/metrics`` route is scraped from uvicorn on 127.0.0.1). ``docker compose
+Metric names used by the dashboard and the alert rules are checked against what a real worker, a
+real serve and a real collector expose over HTTP (``WorkerMetrics`` registers every family at
+construction — checked here too — and serve's and the collector's ``/metrics`` routes are scraped
+from uvicorn on 127.0.0.1). The collector's deployment (compose service and token-file init,
+Kubernetes Deployment, Service, Secret copy and probes) is checked against its ``[collector]``
+config. ``docker compose
 config`` and ``promtool`` run where installed and are skipped otherwise. The dashboard's layout
 (unique ids, no overlapping panels, defined variables, the same CI bands everywhere), the alert
 tests' coverage and the metric tables of docs/deploy.md are checked against the same sources.
@@ -15,9 +18,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import shutil
+import stat
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -72,7 +78,15 @@ def _k8s(kind: str, name: str) -> dict:
 
 
 def _ldp_services(compose: dict) -> dict[str, dict]:
-    return {n: s for n, s in compose["services"].items() if str(s.get("image", "")).startswith(LDP_IMAGE)}
+    """Services running ``ldp-stream`` (the image with its entrypoint; an init step that overrides
+    the entrypoint, such as ``collector-tokens``, runs a shell instead)."""
+    return {n: s for n, s in compose["services"].items()
+            if str(s.get("image", "")).startswith(LDP_IMAGE) and "entrypoint" not in s}
+
+
+def _ldp_containers(pod: dict) -> list[dict]:
+    """The containers of a pod spec that run ``ldp-stream`` (no ``command`` override)."""
+    return [c for c in pod["containers"] if c["image"].startswith(LDP_IMAGE) and "command" not in c]
 
 
 def _ldp_commands() -> list[tuple[str, list[str]]]:
@@ -81,9 +95,8 @@ def _ldp_commands() -> list[tuple[str, list[str]]]:
     for obj in _k8s_objects():
         if obj["kind"] != "Deployment":
             continue
-        for c in obj["spec"]["template"]["spec"]["containers"]:
-            if c["image"].startswith(LDP_IMAGE):
-                out.append((f"k8s:{obj['metadata']['name']}/{c['name']}", [str(a) for a in c["args"]]))
+        for c in _ldp_containers(obj["spec"]["template"]["spec"]):
+            out.append((f"k8s:{obj['metadata']['name']}/{c['name']}", [str(a) for a in c["args"]]))
     return out
 
 
@@ -260,13 +273,21 @@ def test_pipeline_configs_load_and_match_the_example():
     assert cfg.serve.host == "127.0.0.1", "0.0.0.0 must come from an explicit --host flag"
     secure = PipelineConfig.load(DEPLOY / "config" / "secure.pipeline.toml")
     assert secure.kafka.security_protocol == "SASL_SSL"
+    # [collector]: loopback in the file, the token file at an absolute path of the container (a
+    # relative one would resolve into the read-only config directory), one body fits a worker record
+    for c in (cfg, secure):
+        assert c.collector.host == "127.0.0.1", "0.0.0.0 must come from an explicit --host flag"
+        assert c.collector.token_file is not None and c.collector.token_file.is_absolute()
+        assert c.collector.max_body_bytes <= c.worker.max_record_bytes
+    assert cfg.collector.token_file == secure.collector.token_file
 
 
 # --------------------------------------------------------------------------------- docker compose
 def test_compose_references_existing_services_files_and_ports():
     compose = _compose()
     services = compose["services"]
-    assert {"kafka", "topic-init", "producer", "worker", "serve", "prometheus", "grafana"} <= set(services)
+    assert {"kafka", "topic-init", "producer", "worker", "serve", "collector", "collector-tokens",
+            "prometheus", "grafana"} <= set(services)
     named_volumes = set(compose.get("volumes") or {})
     pipe = _pipeline()
     for name, svc in services.items():
@@ -318,7 +339,7 @@ def test_compose_references_existing_services_files_and_ports():
     mounts = dict(v.split(":")[1::-1] for v in services["topic-init"]["volumes"])
     assert (DEPLOY / mounts[script]).is_file()
     for deps in (services["worker"]["depends_on"], services["serve"]["depends_on"],
-                 services["producer"]["depends_on"]):
+                 services["producer"]["depends_on"], services["collector"]["depends_on"]):
         assert deps["topic-init"]["condition"] == "service_completed_successfully"
 
 
@@ -405,7 +426,7 @@ def test_container_commands_use_real_cli_options():
         used = {a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")}
         unknown = used - flags[sub]
         assert not unknown, f"{where}: ldp-stream {sub} has no {sorted(unknown)}"
-    assert {"produce", "work", "serve"} <= {argv[0] for _, argv in commands}
+    assert {"produce", "work", "serve", "collect"} <= {argv[0] for _, argv in commands}
     if pending:
         pytest.skip(f"`ldp-stream produce` is not registered yet; not checked: {sorted(pending)}")
 
@@ -420,8 +441,12 @@ def test_serve_binds_loopback_unless_told_otherwise():
     assert args.host in (None, "127.0.0.1")
     args = build_parser().parse_args(["work", "--config", "x.toml"])
     assert args.metrics_host == "127.0.0.1"
+    from aggregator.collector.config import CollectorSection
+
+    assert CollectorSection().host == "127.0.0.1"
+    assert build_parser().parse_args(["collect", "--config", "x.toml"]).host is None
     for where, argv in _ldp_commands():
-        if argv[0] == "serve":
+        if argv[0] in ("serve", "collect"):
             assert _flag_value(argv, "--host") == "0.0.0.0", where
 
 
@@ -441,6 +466,11 @@ def test_prometheus_targets_are_compose_services_and_ports():
     assert _flag_value(worker_cmd, "--metrics-host") == "0.0.0.0"
     (static,) = jobs["ldp-serve"]["static_configs"]
     assert static["targets"] == [f"serve:{pipe['serve']['port']}"]
+    (static,) = jobs["ldp-collector"]["static_configs"]
+    assert jobs["ldp-collector"].get("metrics_path", "/metrics") == "/metrics"
+    assert static["targets"] == [f"collector:{pipe['collector']['port']}"]
+    assert _flag_value([str(a) for a in services["collector"]["command"]], "--port") == str(
+        pipe["collector"]["port"])
     for rf in prom["rule_files"]:
         assert (PROM.parent / rf).is_file()
     mounts = [v.split(":")[:2] for v in services["prometheus"]["volumes"]]
@@ -481,7 +511,14 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
                    "ldp_window_estimate_ci_upper", "ldp_window_estimate_stderr", "ldp_window_reports",
                    "time() - ldp_window_end_timestamp_seconds",
                    "sum by (query) (rate(ldp_reports_late_total[5m]))",
-                   "label_values(ldp_window_estimate, query)"):
+                   "label_values(ldp_window_estimate, query)",
+                   "rate(ldp_collector_reports_accepted_total",
+                   "sum by (outcome) (rate(ldp_collector_batches_total",
+                   "sum by (reason) (rate(ldp_collector_refused_total",
+                   "histogram_quantile(0.5, sum by (le) (rate(ldp_collector_request_seconds_bucket",
+                   "histogram_quantile(0.99, sum by (le) (rate(ldp_collector_request_seconds_bucket",
+                   "ldp_collector_inflight_bytes", "ldp_collector_token_reloads_total",
+                   'up{job="ldp-collector"}'):
         assert needed in exprs, needed
     assert "by (partition)" in exprs and "by (reason)" in exprs
 
@@ -532,6 +569,8 @@ def test_dashboard_layout_ids_variables_and_ci_bands():
             assert "$window_query" in e, p["title"]
         if "ldp_reports_late_total" in e:
             assert _row_of(top, p).startswith("Workers"), p["title"]
+        if "ldp_collector_" in e or "ldp-collector" in e:
+            assert _row_of(top, p).startswith("Collector"), p["title"]
     # every panel drawing confidence bounds draws them alike: dashed, the scalar bands filled
     ci_panels = [p for p in panels if "_ci_upper" in _panel_exprs(p)]
     assert len(ci_panels) >= 2
@@ -548,6 +587,12 @@ def test_alert_rules_cover_the_required_conditions():
     (doc,) = _yaml_docs(ALERTS)
     rules = {r["alert"]: r for g in doc["groups"] for r in g["rules"]}
     assert {"LdpConsumerLagGrowing", "LdpDeadLetters", "LdpNoCheckpoint", "LdpWorkerDown"} <= set(rules)
+    assert {"LdpCollectorDown", "LdpCollectorRefusingOnItsSide", "LdpCollectorRefusingDevices",
+            "LdpCollectorSlow", "LdpCollectorNoAcceptedReports", "LdpCollectorTokenReloadFailed",
+            "LdpCollectorIdempotencyEvictions"} <= set(rules)
+    assert 'up{job="ldp-collector"}' in rules["LdpCollectorDown"]["expr"]
+    assert "ldp_collector_request_seconds_bucket" in rules["LdpCollectorSlow"]["expr"]
+    assert "ldp_collector_reports_accepted_total" in rules["LdpCollectorNoAcceptedReports"]["expr"]
     assert "ldp_consumer_lag_records" in rules["LdpConsumerLagGrowing"]["expr"]
     assert "ldp_records_dead_lettered_total" in rules["LdpDeadLetters"]["expr"]
     assert "ldp_checkpoints_total[5m]" in rules["LdpNoCheckpoint"]["expr"]
@@ -570,6 +615,7 @@ def test_every_alert_has_a_unit_test():
     firing = {a["alertname"] for t in tests["tests"] for a in t["alert_rule_test"] if a["exp_alerts"]}
     assert rules <= tested, f"alerts without a test in {ALERT_TESTS.name}: {sorted(rules - tested)}"
     assert {"LdpLateReports", "LdpDeadLetters", "LdpNoCheckpoint"} <= firing
+    assert {r for r in rules if r.startswith("LdpCollector")} <= firing
 
 
 def test_promtool_checks_config_and_alert_unit_tests():
@@ -728,10 +774,14 @@ def test_the_metric_tables_of_deploy_md_match_the_expositions(worker_exposition,
     assert exposed - worker_doc - serve_doc == set(), "exposed but not in docs/deploy.md, \"Metrics\""
 
 
-def test_dashboard_and_alert_metric_names_are_registered(worker_exposition, serve_exposition):
+def test_dashboard_and_alert_metric_names_are_registered(worker_exposition, serve_exposition,
+                                                         collector_exposition):
+    from aggregator.collector.metrics import COLLECTOR_METRIC_NAMES
+
     w_names, w_hist = exposition_families(worker_exposition)
     s_names, s_hist = exposition_families(serve_exposition)
-    registered, histograms = w_names | s_names, w_hist | s_hist
+    c_names, c_hist = exposition_families(collector_exposition)
+    registered, histograms = w_names | s_names | c_names, w_hist | s_hist | c_hist
     builtin = {"up"}  # added by Prometheus to every target
     used: dict[str, set[str]] = {}
     for source, exprs in (("dashboard", _dashboard_exprs()), ("alerts", _alert_exprs())):
@@ -745,12 +795,18 @@ def test_dashboard_and_alert_metric_names_are_registered(worker_exposition, serv
     assert "ldp_reports_processed_total" in w_names and "ldp_estimate" in s_names
     assert {"ldp_reports_late_total", "ldp_window_pane_records_total"} <= w_names
     assert {"ldp_window_estimate", "ldp_window_end_timestamp_seconds", "ldp_window_reports"} <= s_names
+    # the collector's names come from the collector, all declared in aggregator/collector/metrics.py
+    assert set(COLLECTOR_METRIC_NAMES) <= c_names
+    collector_used = {n for n in used if n.startswith("ldp_collector_")}
+    assert collector_used <= set(COLLECTOR_METRIC_NAMES), collector_used - set(COLLECTOR_METRIC_NAMES)
+    assert collector_used == set(COLLECTOR_METRIC_NAMES), "a collector family on neither dashboard nor alerts"
 
 
 # ---------------------------------------------------------------------------------- Kubernetes
 def test_k8s_objects_are_complete_and_consistent():
     kinds = {(o["kind"], o["metadata"]["name"]) for o in _k8s_objects()}
     assert {("Deployment", "ldp-worker"), ("Deployment", "ldp-serve"), ("Service", "ldp-serve"),
+            ("Deployment", "ldp-collector"), ("Service", "ldp-collector"),
             ("ConfigMap", "ldp-flights-pipeline"), ("ScaledObject", "ldp-worker")} <= kinds
     (kust,) = _yaml_docs(K8S / "kustomization.yaml")
     manifests = [p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"]
@@ -760,12 +816,12 @@ def test_k8s_objects_are_complete_and_consistent():
     pipe = tomllib.loads(cm["data"]["flights.pipeline.toml"])
     assert pipe["queries"] == _pipeline()["queries"]
     assert pipe["pipeline"]["schema"] in cm["data"]
-    for dep in ("ldp-worker", "ldp-serve"):
+    for dep in ("ldp-worker", "ldp-serve", "ldp-collector"):
         spec = _k8s("Deployment", dep)["spec"]
         assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
         pod = spec["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
-        (c,) = pod["containers"]
+        (c,) = _ldp_containers(pod)
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         vols = {v["name"]: v for v in pod["volumes"]}
         cfg = _flag_value(c["args"], "--config")
@@ -784,11 +840,13 @@ def test_k8s_objects_are_complete_and_consistent():
             assert pipe["worker"]["metrics_port"] in ports
         else:
             assert int(_flag_value(c["args"], "--port")) in ports
-    svc = _k8s("Service", "ldp-serve")
-    serve_spec = _k8s("Deployment", "ldp-serve")["spec"]
-    assert svc["spec"]["selector"].items() <= serve_spec["template"]["metadata"]["labels"].items()
-    port_names = {p["name"] for p in serve_spec["template"]["spec"]["containers"][0]["ports"]}
-    assert all(p["targetPort"] in port_names for p in svc["spec"]["ports"])
+    for name in ("ldp-serve", "ldp-collector"):
+        svc = _k8s("Service", name)
+        dep_spec = _k8s("Deployment", name)["spec"]
+        assert svc["spec"]["selector"].items() <= dep_spec["template"]["metadata"]["labels"].items()
+        (c,) = _ldp_containers(dep_spec["template"]["spec"])
+        port_names = {p["name"] for p in c["ports"]}
+        assert all(p["targetPort"] in port_names for p in svc["spec"]["ports"]), name
 
 
 def test_keda_max_replicas_never_exceed_partitions():
@@ -880,3 +938,192 @@ def test_kafka_security_reaches_every_worker_and_serve_client(variant, monkeypat
     for kind, kwargs in made:
         got = {k: kwargs.get(k) for k in want}
         assert got == want, f"{variant}: {kind} is missing security settings"
+
+
+# ------------------------------------------------------------------------------------ collector
+@pytest.fixture(scope="module")
+def collector_exposition(tmp_path_factory):
+    """Scrape ``GET /metrics`` of a collector app (uvicorn on 127.0.0.1, a fake Kafka transport)
+    that accepted one batch and refused one request, so the labelled families have children."""
+    from aggregator.metrics import read_metrics
+    from tests.aggregator.collector_support import Served, body
+
+    srv = Served(tmp_path_factory.mktemp("collector"))
+    try:
+        status, _, _ = srv.post(body(5))
+        assert status == 202
+        status, _, _ = srv.post(body(5), key="k-2", headers=srv.headers("k-2", token="nope"))
+        assert status == 401
+        return read_metrics(f"http://127.0.0.1:{srv.port}/metrics", timeout=10)
+    finally:
+        srv.close()
+
+
+def _collector_section(pipe: dict):
+    from aggregator.collector.config import CollectorSection
+
+    return CollectorSection(**pipe["collector"])
+
+
+def _token_script(svc: dict) -> str:
+    """The shell script of the compose token-file init step, ``$$`` unescaped."""
+    assert svc["entrypoint"] == ["/bin/sh", "-c"]
+    (script,) = svc["command"]
+    return script.replace("$$", "$")
+
+
+def test_compose_collector_service_ports_probe_and_token_file():
+    services = _compose()["services"]
+    pipe = _pipeline()
+    section = _collector_section(pipe)
+    col = services["collector"]
+    cmd = [str(a) for a in col["command"]]
+    assert cmd[0] == "collect" and _flag_value(cmd, "--host") == "0.0.0.0"
+    port = int(_flag_value(cmd, "--port"))
+    assert port == section.port
+    assert col["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert "container_name" not in col and col["image"] == services["serve"]["image"]
+    # the healthcheck asks /readyz on the port the collector listens on
+    probe = " ".join(col["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{port}/readyz" in probe
+    # SIGTERM: requests in progress (ack_timeout_s + 1 s), then the producer flush (<= 30 s)
+    grace = int(str(col["stop_grace_period"]).rstrip("s"))
+    assert grace >= section.ack_timeout_s + 1 + min(section.delivery_timeout_s, 30.0)
+    # the token file: a named volume, mounted read-only at the token file's directory, written
+    # by the init step the collector waits for
+    token_dir = str(section.token_file.parent)
+    mounts = {v.split(":")[1]: v.split(":") for v in col["volumes"]}
+    src, _, mode = mounts[token_dir]
+    assert mode == "ro" and src in (_compose().get("volumes") or {})
+    assert col["depends_on"]["collector-tokens"]["condition"] == "service_completed_successfully"
+    init = services["collector-tokens"]
+    assert init["image"] == col["image"] and init["restart"] == "no"
+    init_mounts = {v.split(":")[1]: v.split(":")[0] for v in init["volumes"]}
+    assert init_mounts[token_dir] == src
+    script = _token_script(init)
+    assert f"dst={section.token_file}" in script
+    assert re.search(r"install -m 0600 -o 10001 -g 10001 ", script)
+    # 10001 = the image's user (the collector runs as it and must be able to read the file)
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert re.findall(r"^USER\s+(\S+)", dockerfile, re.M)[-1] == "10001:10001"
+    src_dir = init_mounts["/secrets"]
+    assert (DEPLOY / src_dir).is_dir() and "*" in (DEPLOY / src_dir / ".gitignore").read_text()
+    assert "deploy/secrets" in (DEPLOY / "Dockerfile.dockerignore").read_text()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="the init step chowns to uid 10001: needs root")
+def test_compose_token_init_writes_a_file_the_collector_accepts(tmp_path):
+    """Run the init step's script (paths moved into tmp_path): without a source file it mints a
+    token; with one it copies it; both times the result is mode 0600, uid 10001, and loads."""
+    from aggregator.collector.tokens import TokenStore, mint_token
+
+    section = _collector_section(_pipeline())
+    script = _token_script(_compose()["services"]["collector-tokens"])
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "vol").mkdir()
+    script = script.replace(f"dst={section.token_file}", f"dst={tmp_path / 'vol' / section.token_file.name}")
+    script = script.replace("src=/secrets/", f"src={tmp_path / 'secrets'}/")
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    dst = tmp_path / "vol" / section.token_file.name
+
+    def run():
+        r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        st = dst.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 10001
+        return r, TokenStore(dst)
+
+    r, store = run()
+    token = r.stdout.strip().splitlines()[0]
+    assert store.authenticate(f"Bearer {token}").id == "compose-demo"
+    inode = dst.stat().st_ino
+    src = tmp_path / "secrets" / "collector.tokens"
+    mint_token(src, "fleet-a")
+    run()
+    assert "fleet-a" in dst.read_text() and dst.stat().st_ino != inode  # replaced by rename
+
+
+def test_k8s_collector_deployment_service_and_token_secret():
+    cm = _k8s("ConfigMap", "ldp-flights-pipeline")
+    pipe = tomllib.loads(cm["data"]["flights.pipeline.toml"])
+    section = _collector_section(pipe)
+    assert section.host == "127.0.0.1"
+    dep = _k8s("Deployment", "ldp-collector")
+    assert dep["spec"]["replicas"] >= 2
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = _ldp_containers(pod)
+    assert c["args"][0] == "collect" and _flag_value(c["args"], "--host") == "0.0.0.0"
+    port = int(_flag_value(c["args"], "--port"))
+    assert port == section.port
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["http"] == port
+    ann = dep["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/port"] == str(port) and ann["prometheus.io/path"] == "/metrics"
+    # probes on the collector's own routes and port
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    for key in ("requests", "limits"):
+        assert c["resources"][key].get("memory"), key
+    assert c["resources"]["requests"].get("cpu")
+    assert pod["terminationGracePeriodSeconds"] >= (
+        section.ack_timeout_s + 1 + min(section.delivery_timeout_s, 30.0))
+    # token_file sits on a read-only mount of an emptyDir that an init container fills from the
+    # Secret (mounted 0400) with `install -m 0600`, as the image's user
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    token_dir = str(section.token_file.parent)
+    assert mounts[token_dir].get("readOnly") is True
+    tokens_vol = mounts[token_dir]["name"]
+    assert "emptyDir" in vols[tokens_vol]
+    secrets = [v for v in vols.values() if "secret" in v]
+    (secret,) = secrets
+    assert secret["secret"]["secretName"] == "ldp-collector-tokens"
+    assert secret["secret"]["defaultMode"] in (0o400, 0o600)
+    assert pod["securityContext"]["runAsUser"] == 10001
+    (init,) = pod["initContainers"]
+    init_mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert init_mounts[tokens_vol] == token_dir
+    secret_file = f"{init_mounts[secret['name']]}/collector.tokens"
+    assert " ".join(init["args"]) == f"install -m 0600 {secret_file} {section.token_file}"
+    # the sidecar repeats the copy when the Secret changes, by rename
+    (sync,) = [x for x in pod["containers"] if x["name"] == "tokens-sync"]
+    script = " ".join(sync["args"])
+    assert f"src={secret_file}" in script and f"dst={section.token_file}" in script
+    assert 'install -m 0600 "$src" "$dst.new" && mv -f "$dst.new" "$dst"' in script
+    for x in (init, sync, c):
+        assert x["securityContext"]["readOnlyRootFilesystem"] is True, x["name"]
+    # the Service keeps a client on one replica for longer than the idempotency window
+    svc = _k8s("Service", "ldp-collector")["spec"]
+    assert svc["sessionAffinity"] == "ClientIP"
+    assert svc["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] > section.idempotency_window_s
+    assert {p["port"] for p in svc["ports"]} == {port}
+    text = (K8S / "collector.yaml").read_text()
+    assert "sessionAffinity" in text.split("kind: Service", 1)[0].rsplit("---", 1)[-1]  # why: commented
+    pdb = _k8s("PodDisruptionBudget", "ldp-collector")["spec"]
+    assert pdb["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert pdb["minAvailable"] < dep["spec"]["replicas"]
+
+
+def test_alert_refusal_reasons_are_collector_error_codes():
+    """The ``reason=~`` lists of the refusal alerts name real error codes: the server-side alert
+    every 5xx code, the device-side alert every 4xx code a device does not retry (and not 404/405,
+    which no device sends) and every decoder reason."""
+    from ingest.codec import DECODE_REASONS
+    from ingest.http_protocol import ERROR_CODES, RETRYABLE_STATUSES
+
+    (doc,) = _yaml_docs(ALERTS)
+    rules = {r["alert"]: r for g in doc["groups"] for r in g["rules"]}
+
+    def reasons(name):
+        (m,) = re.findall(r'reason=~"([^"]+)"', rules[name]["expr"])
+        return set(m.split("|"))
+
+    known = set(ERROR_CODES) | set(DECODE_REASONS)
+    server = {c for c, st in ERROR_CODES.items() if st >= 500} | {"internal_error"}
+    device = ({c for c, st in ERROR_CODES.items() if 400 <= st < 500 and st not in RETRYABLE_STATUSES
+               and st not in (404, 405)} | set(DECODE_REASONS)) - {"internal_error"}
+    assert reasons("LdpCollectorRefusingOnItsSide") == server
+    assert reasons("LdpCollectorRefusingDevices") == device
+    assert (server | device) <= known
