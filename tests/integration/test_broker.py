@@ -131,6 +131,21 @@ def test_missing_binary_is_a_broker_error(tmp_path):
         EmbeddedBroker(binary=str(tmp_path / "nope")).start()
 
 
+def test_kill_and_restart_on_the_same_port():
+    with EmbeddedBroker() as b:
+        port, pid = b.port, b.pid
+        assert b.kill() == -signal.SIGKILL
+        assert not b.running and _wait_gone(pid)
+        with pytest.raises(BrokerError, match="not running"):
+            b.bootstrap_servers  # noqa: B018
+        assert b.restart() is b
+        assert b.port == port and b.pid != pid
+        assert _cluster(b.bootstrap_servers)["brokers"][0]["port"] == port
+        with pytest.raises(BrokerError, match="cannot restart: broker is running"):
+            b.restart()
+    assert b.pid is None
+
+
 def test_freeze_and_thaw():
     with EmbeddedBroker() as b:
         b.freeze()
