@@ -14,8 +14,9 @@ Loopback only, bounded in count and time. Three sections, one run:
   accepted, and the reports topic must hold every body exactly once (count and SHA-256 of each
   record). Needs a broker whose storage survives its process (``--s3``: Tansu on S3 storage of a
   local moto server, ``benchmarks/_s3.py``); without it the section reports that it did not run.
+  Run with kafka-python's idempotent producer on (its default) and off.
 
-    .venv/bin/python -m benchmarks.collector [--quick] [--senders 1,10,50] [--s3]
+    .venv/bin/python -m benchmarks.collector [--quick] [--senders 1,10,50] [--s3 [--kill-trials 3]]
 """
 
 from __future__ import annotations
@@ -42,13 +43,16 @@ SCHEMA_PATH = ROOT / "examples" / "flights.schema.toml"
 
 
 # ---------------------------------------------------------------------- the collector process
-def write_config(tmp: Path, bootstrap: str, topic: str, *, partitions: int = 4) -> Path:
+def write_config(tmp: Path, bootstrap: str, topic: str, *, partitions: int = 4,
+                 idempotent: bool = True) -> Path:
     """A pipeline TOML for ``ldp-stream collect``: the flights schema, the topic, a token file
-    and limits that do not throttle the benchmark."""
+    and limits that do not throttle the benchmark; ``idempotent=False`` turns kafka-python's
+    idempotent producer off (``[kafka] extra``)."""
     cfg = tmp / "collector.pipeline.toml"
+    extra = "" if idempotent else "extra = { enable_idempotence = false }\n"
     cfg.write_text(
         f'[pipeline]\nname = "bench"\nschema = "{SCHEMA_PATH}"\n'
-        f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
+        f'[kafka]\nbootstrap_servers = "{bootstrap}"\n{extra}'
         f'[topics]\nreports = "{topic}"\nstate = "{topic}.state"\ndead_letter = "{topic}.dlq"\n'
         f"partitions = {partitions}\n"
         '[collector]\nport = 0\ntoken_file = "tokens"\nrate_limit_reports_per_s = 1e9\n'
@@ -208,7 +212,7 @@ def section_producer(bootstrap: str, pool, plan: list[tuple[int, int]], repeats:
 
 # ---------------------------------------------------------------------- broker kill
 def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: int, kill_after: float,
-                 down_s: float) -> dict:
+                 down_s: float, idempotent: bool) -> dict:
     """Devices stream through the collector; the broker is SIGKILLed once ``kill_after`` of the
     batches are accepted and restarted ``down_s`` later; then every body must be in the topic once."""
     from aggregator.collector.tokens import mint_token
@@ -220,9 +224,9 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
     schema = _schema()
     topic = f"bench-kill-{time.monotonic_ns()}"
     ensure_topic(broker.bootstrap_servers, topic, 4)
-    run = tmp / "kill"
-    run.mkdir()
-    cfg = write_config(run, broker.bootstrap_servers, topic)
+    run = tmp / f"kill-{'idem' if idempotent else 'plain'}"
+    run.mkdir(parents=True)
+    cfg = write_config(run, broker.bootstrap_servers, topic, idempotent=idempotent)
     tokens = [mint_token(run / "tokens", f"dev{i}") for i in range(devices)]
     # every device sends its own reports: batch j of device i is a distinct slice of the pool
     per_dev = batches * rpb
@@ -230,7 +234,8 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
     parts = [slice_batch(pool, a, a + per_dev) for a in firsts]
     expected = Counter(hashlib.sha256(b).hexdigest() for p in parts
                        for b in encode_records(p, rpb, time_resolution=schema.time_resolution_s))
-    result: dict = {"devices": devices, "batches_per_device": batches, "reports_per_batch": rpb}
+    result: dict = {"devices": devices, "batches_per_device": batches, "reports_per_batch": rpb,
+                    "idempotent_producer": idempotent, "down_s": down_s}
     with CollectorProcess(cfg, run / "collector.log") as col:
         senders = [CollectorSender(col.url, tokens[i], schema, outbox=run / f"dev{i}.outbox.db",
                                    reports_per_batch=rpb, backoff_initial_s=0.2, backoff_max_s=2.0,
@@ -322,6 +327,7 @@ def main(argv=None) -> int:
     ap.add_argument("--senders", default="1,10,50", help="concurrent senders, comma-separated")
     ap.add_argument("--max-s", type=float, default=20.0, help="time bound of one throughput case")
     ap.add_argument("--repeats", type=int, default=5, help="alternating producer/raw passes")
+    ap.add_argument("--kill-trials", type=int, default=3, help="broker kills per producer setting")
     ap.add_argument("--s3", action="store_true",
                     help="run the broker-kill section on a broker with S3 storage (a local moto server)")
     args = ap.parse_args(argv)
@@ -348,14 +354,21 @@ def main(argv=None) -> int:
             repeats = 2 if args.quick else args.repeats
             out["producer"] = section_producer(b.bootstrap_servers, pool, plan, repeats)
         if args.s3:
-            from benchmarks._s3 import durable_broker
+            from benchmarks._s3 import MotoS3Server
 
-            print("broker kill", flush=True)
-            with durable_broker(tmp / "s3") as broker:
-                out["kill"] = section_kill(tmp, broker, pool, devices=4, batches=50 if args.quick else 250,
-                                           rpb=100, kill_after=0.3, down_s=3.0)
+            print("broker kill (Tansu on S3 storage of a local moto server)", flush=True)
+            out["kill"] = []
+            for trial in range(1 if args.quick else args.kill_trials):
+                for idempotent in (True, False):
+                    with MotoS3Server() as s3, EmbeddedBroker(storage_url=s3.storage_url,
+                                                              env=s3.broker_env()) as broker:
+                        # down longer than ack_timeout_s (5 s): the devices get 503s and retry
+                        row = section_kill(tmp / f"trial{trial}", broker, pool, devices=4,
+                                           batches=40 if args.quick else 150, rpb=100, kill_after=0.3,
+                                           down_s=8.0, idempotent=idempotent)
+                    out["kill"].append({"trial": trial, **row})
         else:
-            out["kill"] = {"ran": False, "why": "needs --s3 (a broker whose storage survives SIGKILL)"}
+            out["kill"] = [{"ran": False, "why": "needs --s3 (a broker whose storage survives SIGKILL)"}]
     path = write_json("collector", out)
     print(table(["reports/batch", "senders", "reports/s", "p50 ms", "p99 ms", "collector CPU-s"],
                 [[r["reports_per_batch"], r["senders"], round(r["reports_per_s"]), round(r["p50_ms"], 1),
@@ -364,6 +377,12 @@ def main(argv=None) -> int:
                 [[r["reports_per_record"], round(r["producer_reports_per_s"]), round(r["raw_reports_per_s"]),
                   f"{r['producer_vs_raw_best']:.0%}", f"{r['producer_vs_raw_paired_median']:.0%}"]
                  for r in out["producer"]]))
+    if out["kill"][0].get("ran", True):
+        print(table(["trial", "idempotent producer", "batches accepted", "503s retried", "answered duplicate",
+                     "in topic", "missing", "duplicated", "reports in topic / sent"],
+                    [[r["trial"], r["idempotent_producer"], r["batches_accepted"], r["retries"],
+                      r["duplicates_answered"], r["records_in_topic"], r["missing"], r["duplicated"],
+                      f"{r['reports_in_topic']} / {r['reports_sent']}"] for r in out["kill"]]))
     print(f"results: {path}")
     return 0
 

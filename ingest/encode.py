@@ -262,17 +262,22 @@ class _Records:
         self._add_blocks(kind, np.where(bitmap, 0, w), np.where(bitmap, 0, lw), k,
                          np.where(bitmap, bitmap_size, sparse_size))
         sparse = ~bitmap
-        lens = np.diff(off).astype(UINT[lw])
-        self._add(lens, self.starts * lw, np.where(sparse, self.lens * lw, 0))
-        self._add(col.indices.astype(UINT[w], copy=False), off[self.starts] * w, np.where(sparse, nnz * w, 0))
+        if sparse.any():
+            lens = np.diff(off).astype(UINT[lw])
+            self._add(lens, self.starts * lw, np.where(sparse, self.lens * lw, 0))
+            self._add(col.indices.astype(UINT[w], copy=False), off[self.starts] * w,
+                      np.where(sparse, nnz * w, 0))
         if bitmap.any():
-            rows = _ranges(self.starts[bitmap], self.stops[bitmap])
-            ones = _ranges(off[rows], off[rows + 1])
-            idx = col.indices[ones].astype(np.int64)
-            # bit j of a row at byte j // 8, bit j % 8: distinct bits of a byte sum to their OR
-            byte = np.repeat(np.arange(rows.size, dtype=np.int64) * row_bytes, off[rows + 1] - off[rows])
-            packed = np.bincount(byte + (idx >> 3), weights=np.left_shift(1, idx & 7),
-                                 minlength=rows.size * row_bytes).astype(np.uint8)
+            if bitmap.all():
+                n_rows, ones, idx = self.stops[-1], np.diff(off), col.indices
+            else:
+                rows = _ranges(self.starts[bitmap], self.stops[bitmap])
+                n_rows, ones = rows.size, off[rows + 1] - off[rows]
+                idx = col.indices[_ranges(off[rows], off[rows + 1])]
+            # bit j of a row at byte j // 8, bit j % 8 (LSB first)
+            dense = np.zeros(int(n_rows) * row_bytes * 8, dtype=bool)
+            dense[np.repeat(np.arange(n_rows, dtype=np.int64) * (row_bytes * 8), ones) + idx] = True
+            packed = np.packbits(dense, bitorder="little")
             first = np.zeros(self.count, dtype=np.int64)
             first[bitmap] = np.cumsum(np.r_[0, self.lens[bitmap][:-1]])
             self._add(packed, first * row_bytes, np.where(bitmap, bitmap_size, 0))
