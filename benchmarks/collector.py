@@ -1,5 +1,5 @@
 """Collector benchmark: devices → ``ldp-stream collect`` → broker, next to the Kafka producer path
-(docs/collector.md §10, docs/benchmarks.md §3.9).
+(docs/collector.md §6, docs/benchmarks.md §3.8).
 
 Loopback only, bounded in count and time. Three sections, one run:
 
@@ -217,6 +217,7 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
     batches are accepted and restarted ``down_s`` later; then every body must be in the topic once."""
     from aggregator.collector.tokens import mint_token
     from ingest.batch import slice_batch
+    from ingest.clients import topic_values
     from ingest.encode import encode_records
     from ingest.kafka import ensure_topic
     from ingest.sender import CollectorSender
@@ -261,7 +262,7 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
         stats = [s.stats for s in senders]
         for s in senders:
             s.close()
-    values = _read_values(broker.bootstrap_servers, topic)
+    values = topic_values(broker.bootstrap_servers, topic)
     got = Counter(hashlib.sha256(v).hexdigest() for v in values)
     result.update({
         "accepted_before_kill": before, "kill_at_s": t_kill, "broker_back_at_s": t_back, "wall_s": wall,
@@ -286,26 +287,6 @@ def _feed(sender, part, rpb: int) -> None:
     for j in range(0, part.n, rpb):
         sender.send(slice_batch(part, j, j + rpb))
         time.sleep(0.002)
-
-
-def _read_values(bootstrap: str, topic: str) -> list[bytes]:
-    """Every record value of ``topic``, read from the beginning to the end."""
-    from kafka import TopicPartition
-
-    from ingest.clients import read_to_end, reader_client
-    from ingest.kafka import KafkaSettings
-
-    consumer = reader_client(KafkaSettings(bootstrap_servers=bootstrap))
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        values: list[bytes] = []
-        read_to_end(consumer, tps, lambda tp, recs: values.extend(r.value for r in recs), timeout_s=60,
-                    on_timeout=lambda: RuntimeError(f"{topic} not read to its end"))
-        return values
-    finally:
-        consumer.close()
 
 
 def _count_reports(values: list[bytes], schema) -> int:

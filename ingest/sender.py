@@ -22,7 +22,6 @@ import os
 import random
 import socket
 import ssl
-import stat
 import threading
 import time
 import urllib.parse
@@ -30,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ingest._files import check_private_file
 from ingest.batch import ReportBatch, concat_batches, slice_batch
 from ingest.errors import ConfigError, OutboxError, SchemaError, SenderError, TokenFileError
 from ingest.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH, RETRYABLE_STATUSES
@@ -69,15 +69,7 @@ def read_token_file(path: str | os.PathLike) -> str:
         the path, never the content.
     """
     p = str(path)
-    try:
-        st = os.stat(p)
-    except OSError as exc:
-        raise TokenFileError(f"token file {p!r} cannot be read: {exc.strerror}", p) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise TokenFileError(f"token file {p!r} is not a regular file", p)
-    if os.name == "posix" and st.st_mode & 0o077:
-        raise TokenFileError(f"token file {p!r} has mode {stat.S_IMODE(st.st_mode):04o}: group or others "
-                             f"may read it; run chmod 600 {p}", p)
+    check_private_file(p, "token file", lambda msg: TokenFileError(msg, p))
     try:
         raw = Path(p).read_bytes()[:_MAX_TOKEN_BYTES + 1]
     except OSError as exc:

@@ -20,13 +20,13 @@ import logging
 import os
 import re
 import secrets
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aggregator.errors import RequestRefused, TokenFileError
+from ingest._files import check_private_file
 
 __all__ = ["TokenFileError", "TokenInfo", "TokenStore", "hash_token", "mint_token",
            "new_token", "parse_expiry", "read_token_file"]
@@ -64,16 +64,7 @@ def hash_token(token: str) -> bytes:
 
 
 def _check_mode(p: Path) -> os.stat_result:
-    try:
-        st = p.stat()
-    except OSError as exc:
-        raise TokenFileError(f"token file {str(p)!r} cannot be read: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise TokenFileError(f"token file {str(p)!r} is not a regular file")
-    if st.st_mode & 0o077:
-        raise TokenFileError(f"token file {str(p)!r} has mode {stat.S_IMODE(st.st_mode):04o}: group or "
-                             f"others may access it; make it private with chmod 600")
-    return st
+    return check_private_file(p, "token file", TokenFileError)
 
 
 def read_token_file(path: str | os.PathLike) -> tuple[TokenInfo, ...]:

@@ -23,9 +23,9 @@ import pytest
 from aggregator.collector.app import Collector, build_app
 from aggregator.collector.config import CollectorSection
 from aggregator.collector.tokens import TokenStore, mint_token
-from ingest.clients import read_to_end, reader_client
+from ingest.clients import topic_values
 from ingest.http_protocol import CONTENT_TYPE
-from ingest.kafka import KafkaPythonTransport, KafkaSettings, ensure_topic
+from ingest.kafka import KafkaPythonTransport, ensure_topic
 from tests.aggregator.collector_support import body, metric
 from tests.http_server import ServedApp
 
@@ -43,19 +43,7 @@ high = 1.0
 
 
 def read_topic(bootstrap: str, topic: str) -> list[bytes]:
-    from kafka import TopicPartition
-
-    consumer = reader_client(KafkaSettings(bootstrap_servers=bootstrap))
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        values: list[bytes] = []
-        read_to_end(consumer, tps, lambda tp, recs: values.extend(r.value for r in recs), timeout_s=20,
-                    on_timeout=lambda: AssertionError(f"{topic} not read to its end"))
-        return values
-    finally:
-        consumer.close()
+    return topic_values(bootstrap, topic, timeout_s=20)
 
 
 def post(url: str, data: bytes, key: str, token: str, timeout: float = 10.0):
