@@ -696,5 +696,24 @@ class KafkaPythonTransport:
         return self._producer.partitions_for(topic)
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush (up to ``timeout`` s) and close the producer."""
-        self._producer.close(timeout=timeout)
+        """Flush (up to ``timeout`` s) and close the producer.
+
+        kafka-python's ``close`` raises ``KafkaTimeoutError`` from its flush while records are
+        still unresolved, and leaves the client open (its ``__del__`` then raises again at
+        exit). Here the client is then closed without waiting: its sender thread is stopped,
+        which fails the unresolved records, and ``close`` is repeated; the timeout is raised.
+        """
+        from kafka.errors import KafkaTimeoutError
+
+        try:
+            self._producer.close(timeout=timeout)
+        except KafkaTimeoutError:
+            sender = getattr(self._producer, "_sender", None)  # no public force-close in kafka-python
+            if sender is not None:
+                sender.force_close()
+                sender.join(5.0)
+            try:
+                self._producer.close(timeout=0)
+            except KafkaTimeoutError:  # pragma: no cover - the sender is stopped: nothing pending
+                logger.warning("kafka-python producer did not close after its sender was stopped")
+            raise
