@@ -33,6 +33,9 @@ KIND_CODES, KIND_SPARSE, KIND_BITMAP, KIND_TIME = 1, 2, 3, 4
 HEADER = struct.Struct("<4sBBH16sIHH")
 BLOCK = struct.Struct("<BBBBII")
 UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+#: :data:`BLOCK` as a numpy record, to build one block header per record at once.
+_BLOCK_DTYPE = np.dtype([("kind", "u1"), ("w", "u1"), ("lw", "u1"), ("r", "u1"), ("k", "<u4"),
+                         ("len", "<u4")])
 _F8 = np.dtype("<f8")
 #: Records longer than this on average are joined one by one instead of gathered at once.
 _JOIN_ABOVE_BYTES = 2048
@@ -172,12 +175,12 @@ class _Records:
         data = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
         self._segments.append((data, np.asarray(start, dtype=np.int64), np.asarray(length, dtype=np.int64)))
 
-    def _add_blocks(self, kind, w, lw, k, payload_len) -> None:
-        """Append one 12-byte block header per record (``w``, ``lw``, ``k`` scalars or arrays)."""
-        hdr = np.zeros(self.count, dtype=[("kind", "u1"), ("w", "u1"), ("lw", "u1"), ("r", "u1"),
-                                          ("k", "<u4"), ("len", "<u4")])
+    def _blocks(self, kind, w, lw, k, payload_len):
+        """The segment of one 12-byte block header per record: kind, width, len_width, 0, then
+        ``k`` (a TIME block's resolution) and the payload length (scalars or per-record arrays)."""
+        hdr = np.zeros(self.count, dtype=_BLOCK_DTYPE)
         hdr["kind"], hdr["w"], hdr["lw"], hdr["k"], hdr["len"] = kind, w, lw, k, payload_len
-        self._add(hdr.view(np.uint8), np.arange(self.count) * 12, np.full(self.count, 12))
+        return hdr.view(np.uint8), np.arange(self.count) * BLOCK.size, np.full(self.count, BLOCK.size)
 
     def all_records(self) -> list[bytes]:
         """The bytes of every record.
@@ -248,7 +251,7 @@ class _Records:
         if codes.size and int(codes.min()) < 0:
             raise SchemaError(f"categorical field {name!r}: codes must be >= 0")
         w = _widths(self._reduce(codes, np.maximum))
-        self._add_blocks(KIND_CODES, w, 0, 0, self.lens * w)
+        self._add(*self._blocks(KIND_CODES, w, 0, 0, self.lens * w))
         self._add(*self._width_segment(codes, w, self.starts))
 
     def _bits(self, col: SparseBits) -> None:
@@ -259,8 +262,8 @@ class _Records:
         bitmap_size = self.lens * row_bytes
         bitmap = bitmap_size < sparse_size
         kind = np.where(bitmap, KIND_BITMAP, KIND_SPARSE)
-        self._add_blocks(kind, np.where(bitmap, 0, w), np.where(bitmap, 0, lw), k,
-                         np.where(bitmap, bitmap_size, sparse_size))
+        self._add(*self._blocks(kind, np.where(bitmap, 0, w), np.where(bitmap, 0, lw), k,
+                                np.where(bitmap, bitmap_size, sparse_size)))
         sparse = ~bitmap
         if sparse.any():
             lens = np.diff(off).astype(UINT[lw])
@@ -313,11 +316,6 @@ class _Records:
         base = self._reduce(off, np.minimum)
         w = _widths(self._reduce(off, np.maximum) - base)
         rel = off - np.repeat(base, self.lens)
-        hdr = np.zeros(self.count, dtype=[("kind", "u1"), ("w", "u1"), ("lw", "u1"), ("r", "u1"),
-                                          ("res", "<u4"), ("len", "<u4")])
-        hdr["kind"], hdr["w"], hdr["res"], hdr["len"] = KIND_TIME, w, res, 8 + self.lens * w
-        idx = np.arange(self.count)
-        seg = [(hdr.view(np.uint8), idx * 12, np.full(self.count, 12)),
-               (base.astype("<u8"), idx * 8, np.full(self.count, 8))]
-        seg.append(self._width_segment(rel, w, self.starts))
-        return seg
+        return [self._blocks(KIND_TIME, w, 0, res, 8 + self.lens * w),
+                (base.astype("<u8"), np.arange(self.count) * 8, np.full(self.count, 8)),
+                self._width_segment(rel, w, self.starts)]
