@@ -5,7 +5,7 @@ columns, privatized on the way through an :class:`~ingest.privatizer.Privatizer`
 them into records of exactly ``reports_per_record`` reports (the last record of a flush may be
 shorter), encodes the full records of each send in one vectorized pass
 (:func:`ingest.encode.encode_records`, with the schema's event-time resolution) and sends them
-through a :class:`~ingest.kafka.Transport`. A report counts as sent only when the broker
+through a :class:`~ingest.transport.Transport`. A report counts as sent only when the broker
 acknowledged its record (the producer reads the delivery futures in send order); failures are
 counted and raised as
 :class:`~ingest.errors.ProducerError` from :meth:`ReportProducer.flush` / :meth:`ReportProducer.close`.
@@ -26,7 +26,8 @@ import numpy as np
 from ingest.batch import ReportBatch, concat_batches, slice_batch
 from ingest.encode import encode, encode_records
 from ingest.errors import ConfigError, ProducerError, SchemaError
-from ingest.kafka import KafkaPythonTransport, KafkaSettings, Transport, ensure_topic, reachable
+from ingest.kafka import KafkaSettings, ensure_topic, reachable
+from ingest.transport import KafkaPythonTransport, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class ReportProducer:
     partitions : int
         Partition count (>= 1) used when the topic has to be created.
     transport : Transport or None
-        Client implementation; ``None`` builds a :class:`~ingest.kafka.KafkaPythonTransport`.
+        Client implementation; ``None`` builds a :class:`~ingest.transport.KafkaPythonTransport`.
     create_topic : bool
         Create the topic (``partitions`` partitions) if missing before the first send.
     max_retries : int
@@ -165,7 +166,7 @@ class ReportProducer:
             raise ConfigError(f"delivery_timeout_s must be > 0 seconds, got {delivery_timeout_s!r}")
         if transport is not None and not isinstance(transport, Transport):
             raise ConfigError(
-                f"transport must implement ingest.kafka.Transport, got {type(transport).__name__}"
+                f"transport must implement ingest.transport.Transport, got {type(transport).__name__}"
             )
         self.settings = KafkaSettings.coerce(settings)
         self.topic = topic

@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError, ConfigError
     from aggregator.serve import check_bindable
-    from ingest.kafka import KafkaPythonTransport, ensure_topic, reachable
+    from ingest.kafka import ensure_topic, reachable
+    from ingest.transport import KafkaPythonTransport
 
     if args.host is not None and not args.host.strip():
         raise CLIError("--host must be an address to bind, got ''")

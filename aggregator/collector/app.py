@@ -49,8 +49,8 @@ class Collector:
         ``[collector]`` of the pipeline config (docs/collector.md §4).
     schema : ingest.schema.TelemetrySchema
         The pipeline's schema: the only one whose records are accepted.
-    transport : ingest.kafka.Transport
-        Where bodies go (:class:`ingest.kafka.KafkaPythonTransport` in production).
+    transport : ingest.transport.Transport
+        Where bodies go (:class:`ingest.transport.KafkaPythonTransport` in production).
     topic : str
         The reports topic.
     tokens : TokenStore

@@ -46,7 +46,7 @@ class Forwarder:
 
     Parameters
     ----------
-    transport : ingest.kafka.Transport
+    transport : ingest.transport.Transport
         ``send(topic, value)`` returns a future with ``add_callback`` / ``add_errback``
         (kafka-python's ``FutureRecordMetadata``); ``flush`` and ``close`` take a timeout.
     topic : str
@@ -214,7 +214,7 @@ class Readiness:
 
     Parameters
     ----------
-    transport : ingest.kafka.Transport
+    transport : ingest.transport.Transport
         Should have ``partitions_for(topic)``; without it only the broker probe counts.
     topic : str
     settings : ingest.kafka.KafkaSettings or None

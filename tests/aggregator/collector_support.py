@@ -73,7 +73,7 @@ class FakeFuture:
 
 
 class FakeTransport:
-    """An ``ingest.kafka.Transport``: ``mode`` ``"ack"`` acknowledges at once, ``"hold"`` keeps
+    """An ``ingest.transport.Transport``: ``mode`` ``"ack"`` acknowledges at once, ``"hold"`` keeps
     the futures in :attr:`pending` until :meth:`ack_all` / :meth:`fail_all`, ``"fail"`` fails the
     future, ``"raise"`` raises from ``send``. :attr:`delivered` holds the acknowledged values."""
 

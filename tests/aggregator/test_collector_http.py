@@ -10,7 +10,7 @@ import pytest
 from aggregator.collector.tokens import mint_token
 from ingest import codec
 from ingest.errors import DecodeError
-from ingest.kafka import Transport
+from ingest.transport import Transport
 from tests.aggregator.collector_support import (
     OTHER,
     SCHEMA,

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from ingest.errors import ConfigError
-from ingest.kafka import FAST_GROUP_SETTINGS, KafkaPythonTransport, KafkaSettings, Transport
+from ingest.kafka import FAST_GROUP_SETTINGS, KafkaSettings
+from ingest.transport import KafkaPythonTransport, Transport
 
 
 def test_plaintext_defaults():

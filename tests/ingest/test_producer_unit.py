@@ -11,10 +11,10 @@ import pytest
 from ingest.batch import ReportBatch
 from ingest.codec import decode
 from ingest.errors import ConfigError, ProducerError, SchemaError
-from ingest.kafka import Transport
 from ingest.privatizer import Privatizer
 from ingest.producer import ReportProducer, concat_batches, slice_batch
 from ingest.schema import TelemetrySchema
+from ingest.transport import Transport
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CARRIERS = ["UA", "AA", "B6", "DL", "EV", "MQ", "US", "WN", "VX", "FL", "AS", "9E", "F9", "HA", "YV", "OO"]

@@ -25,7 +25,8 @@ from aggregator.collector.config import CollectorSection
 from aggregator.collector.tokens import TokenStore, mint_token
 from ingest.clients import topic_values
 from ingest.http_protocol import CONTENT_TYPE
-from ingest.kafka import KafkaPythonTransport, ensure_topic
+from ingest.kafka import ensure_topic
+from ingest.transport import KafkaPythonTransport
 from tests.aggregator.collector_support import body, metric
 from tests.http_server import ServedApp
 
