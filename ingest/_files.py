@@ -15,7 +15,23 @@ from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
 
-__all__ = ["check_private_file", "parse_toml", "read_text_file", "read_toml_file"]
+__all__ = ["check_private_file", "check_readable", "parse_toml", "read_text_file", "read_toml_file"]
+
+
+def check_readable(path: str | PathLike, fail: Callable[[str], Exception]) -> None:
+    """Open ``path`` for reading once, so that a missing or unreadable file is named now rather
+    than by whichever library reads it later.
+
+    Raises
+    ------
+    Exception
+        ``fail(reason)`` with the OS reason (``"No such file or directory"``).
+    """
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise fail(str(exc.strerror or exc)) from None
 
 
 def check_private_file(path: str | PathLike, what: str, fail: Callable[[str], Exception],

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from ingest._files import check_readable
 from ingest._model import FrozenModel
 from ingest.errors import ConfigError, IngestError
 
@@ -277,12 +278,8 @@ class KafkaSettings(FrozenModel):
                     # checked where a client is built (the config may be written on another
                     # machine): a missing file made kafka-python retry ~30 s, logging the errno
                     # without the file name
-                    try:
-                        with open(path, "rb"):
-                            pass
-                    except OSError as exc:
-                        raise ConfigError(f"kafka.{k}: cannot read {path!r}: "
-                                          f"{exc.strerror or exc}") from None
+                    check_readable(path, lambda why, k=k, path=path: ConfigError(
+                        f"kafka.{k}: cannot read {path!r}: {why}"))
                     cfg[k] = path
             if self.ssl_password is not None:
                 cfg["ssl_password"] = self.ssl_password.get_secret_value()

@@ -69,16 +69,14 @@ def run_token(args: argparse.Namespace) -> int:
 
 def _check_tls(section) -> tuple[str | None, str | None]:
     from aggregator.errors import ConfigError
+    from ingest._files import check_readable
 
     out = []
     for key in ("tls_certfile", "tls_keyfile"):
         path = getattr(section, key)
         if path is not None:
-            try:
-                with open(path, "rb"):
-                    pass
-            except OSError as exc:
-                raise ConfigError(f"collector.{key}: cannot read {str(path)!r}: {exc.strerror}") from None
+            check_readable(path, lambda why, key=key, path=path: ConfigError(
+                f"collector.{key}: cannot read {str(path)!r}: {why}"))
         out.append(str(path) if path is not None else None)
     return out[0], out[1]
 
