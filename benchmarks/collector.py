@@ -12,11 +12,11 @@ Loopback only, bounded in count and time. Three sections, one run:
 * **kill**: device senders (``ingest.sender.CollectorSender``, each with its own file outbox)
   stream batches while the broker is SIGKILLed and restarted; every batch is retried until
   accepted, and the reports topic must hold every body exactly once (count and SHA-256 of each
-  record). Needs a broker whose storage survives its process (``--s3``: Tansu on S3 storage of a
-  local moto server, ``benchmarks/_s3.py``); without it the section reports that it did not run.
-  Run with kafka-python's idempotent producer on (its default) and off.
+  record), and the collector's read-backs of unconfirmed batches are counted. Needs a broker whose
+  storage survives its process (``--s3``: Tansu on S3 storage of a local moto server,
+  ``benchmarks/_s3.py``); without it the section reports that it did not run.
 
-    .venv/bin/python -m benchmarks.collector [--quick] [--senders 1,10,50] [--s3 [--kill-trials 3]]
+    .venv/bin/python -m benchmarks.collector [--quick] [--senders 1,10,50] [--s3 [--kill-trials 5]]
 """
 
 from __future__ import annotations
@@ -43,16 +43,13 @@ SCHEMA_PATH = ROOT / "examples" / "flights.schema.toml"
 
 
 # ---------------------------------------------------------------------- the collector process
-def write_config(tmp: Path, bootstrap: str, topic: str, *, partitions: int = 4,
-                 idempotent: bool = True) -> Path:
+def write_config(tmp: Path, bootstrap: str, topic: str, *, partitions: int = 4) -> Path:
     """A pipeline TOML for ``ldp-stream collect``: the flights schema, the topic, a token file
-    and limits that do not throttle the benchmark; ``idempotent=False`` turns kafka-python's
-    idempotent producer off (``[kafka] extra``)."""
+    and limits that do not throttle the benchmark."""
     cfg = tmp / "collector.pipeline.toml"
-    extra = "" if idempotent else "extra = { enable_idempotence = false }\n"
     cfg.write_text(
         f'[pipeline]\nname = "bench"\nschema = "{SCHEMA_PATH}"\n'
-        f'[kafka]\nbootstrap_servers = "{bootstrap}"\n{extra}'
+        f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
         f'[topics]\nreports = "{topic}"\nstate = "{topic}.state"\ndead_letter = "{topic}.dlq"\n'
         f"partitions = {partitions}\n"
         '[collector]\nport = 0\ntoken_file = "tokens"\nrate_limit_reports_per_s = 1e9\n'
@@ -212,7 +209,7 @@ def section_producer(bootstrap: str, pool, plan: list[tuple[int, int]], repeats:
 
 # ---------------------------------------------------------------------- broker kill
 def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: int, kill_after: float,
-                 down_s: float, idempotent: bool) -> dict:
+                 down_s: float) -> dict:
     """Devices stream through the collector; the broker is SIGKILLed once ``kill_after`` of the
     batches are accepted and restarted ``down_s`` later; then every body must be in the topic once."""
     from aggregator.collector.tokens import mint_token
@@ -225,9 +222,9 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
     schema = _schema()
     topic = f"bench-kill-{time.monotonic_ns()}"
     ensure_topic(broker.bootstrap_servers, topic, 4)
-    run = tmp / f"kill-{'idem' if idempotent else 'plain'}"
+    run = tmp / "kill"
     run.mkdir(parents=True)
-    cfg = write_config(run, broker.bootstrap_servers, topic, idempotent=idempotent)
+    cfg = write_config(run, broker.bootstrap_servers, topic)
     tokens = [mint_token(run / "tokens", f"dev{i}") for i in range(devices)]
     # every device sends its own reports: batch j of device i is a distinct slice of the pool
     per_dev = batches * rpb
@@ -236,7 +233,7 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
     expected = Counter(hashlib.sha256(b).hexdigest() for p in parts
                        for b in encode_records(p, rpb, time_resolution=schema.time_resolution_s))
     result: dict = {"devices": devices, "batches_per_device": batches, "reports_per_batch": rpb,
-                    "idempotent_producer": idempotent, "down_s": down_s}
+                    "down_s": down_s}
     with CollectorProcess(cfg, run / "collector.log") as col:
         senders = [CollectorSender(col.url, tokens[i], schema, outbox=run / f"dev{i}.outbox.db",
                                    reports_per_batch=rpb, backoff_initial_s=0.2, backoff_max_s=2.0,
@@ -262,6 +259,7 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
         stats = [s.stats for s in senders]
         for s in senders:
             s.close()
+        readbacks = _readbacks(col.url)
     values = topic_values(broker.bootstrap_servers, topic)
     got = Counter(hashlib.sha256(v).hexdigest() for v in values)
     result.update({
@@ -273,11 +271,24 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
         "missing": sum((expected - got).values()), "extra": sum((got - expected).values()),
         "duplicated": sum(c - 1 for c in got.values() if c > 1),
         "reports_in_topic": _count_reports(values, schema), "reports_sent": devices * per_dev,
+        "readbacks": readbacks,
     })
     result["exactly_once"] = (result["missing"] == 0 and result["extra"] == 0 and result["duplicated"] == 0
                               and result["reports_in_topic"] == result["reports_sent"])
     print(f"  kill: {result}", flush=True)
     return result
+
+
+def _readbacks(url: str) -> dict[str, int]:
+    """The collector's ``ldp_collector_readbacks_total`` by outcome."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {s.labels["outcome"]: int(s.value) for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "ldp_collector_readbacks_total"}
 
 
 def _feed(sender, part, rpb: int) -> None:
@@ -308,7 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--senders", default="1,10,50", help="concurrent senders, comma-separated")
     ap.add_argument("--max-s", type=float, default=20.0, help="time bound of one throughput case")
     ap.add_argument("--repeats", type=int, default=5, help="alternating producer/raw passes")
-    ap.add_argument("--kill-trials", type=int, default=3, help="broker kills per producer setting")
+    ap.add_argument("--kill-trials", type=int, default=5, help="broker kills (one fresh broker each)")
     ap.add_argument("--s3", action="store_true",
                     help="run the broker-kill section on a broker with S3 storage (a local moto server)")
     args = ap.parse_args(argv)
@@ -340,14 +351,13 @@ def main(argv=None) -> int:
             print("broker kill (Tansu on S3 storage of a local moto server)", flush=True)
             out["kill"] = []
             for trial in range(1 if args.quick else args.kill_trials):
-                for idempotent in (True, False):
-                    with MotoS3Server() as s3, EmbeddedBroker(storage_url=s3.storage_url,
-                                                              env=s3.broker_env()) as broker:
-                        # down longer than ack_timeout_s (5 s): the devices get 503s and retry
-                        row = section_kill(tmp / f"trial{trial}", broker, pool, devices=4,
-                                           batches=40 if args.quick else 150, rpb=100, kill_after=0.3,
-                                           down_s=8.0, idempotent=idempotent)
-                    out["kill"].append({"trial": trial, **row})
+                with MotoS3Server() as s3, EmbeddedBroker(storage_url=s3.storage_url,
+                                                          env=s3.broker_env()) as broker:
+                    # down longer than ack_timeout_s (5 s): the devices get 503s and retry
+                    row = section_kill(tmp / f"trial{trial}", broker, pool, devices=4,
+                                       batches=40 if args.quick else 150, rpb=100, kill_after=0.3,
+                                       down_s=8.0)
+                out["kill"].append({"trial": trial, **row})
         else:
             out["kill"] = [{"ran": False, "why": "needs --s3 (a broker whose storage survives SIGKILL)"}]
     path = write_json("collector", out)
@@ -359,11 +369,12 @@ def main(argv=None) -> int:
                   f"{r['producer_vs_raw_best']:.0%}", f"{r['producer_vs_raw_paired_median']:.0%}"]
                  for r in out["producer"]]))
     if out["kill"][0].get("ran", True):
-        print(table(["trial", "idempotent producer", "batches accepted", "503s retried", "answered duplicate",
-                     "in topic", "missing", "duplicated", "reports in topic / sent"],
-                    [[r["trial"], r["idempotent_producer"], r["batches_accepted"], r["retries"],
-                      r["duplicates_answered"], r["records_in_topic"], r["missing"], r["duplicated"],
-                      f"{r['reports_in_topic']} / {r['reports_sent']}"] for r in out["kill"]]))
+        print(table(["trial", "batches accepted", "503s retried", "answered duplicate", "read back: found",
+                     "absent", "in topic", "missing", "duplicated", "reports in topic / sent"],
+                    [[r["trial"], r["batches_accepted"], r["retries"], r["duplicates_answered"],
+                      r["readbacks"].get("found", 0), r["readbacks"].get("absent", 0), r["records_in_topic"],
+                      r["missing"], r["duplicated"], f"{r['reports_in_topic']} / {r['reports_sent']}"]
+                     for r in out["kill"]]))
     print(f"results: {path}")
     return 0
 

@@ -49,9 +49,9 @@ class Transport(Protocol):
     without touching callers (docs/kafka.md §3).
     """
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None,
-             partition: int | None = None) -> DeliveryFuture:
-        """Queue one record; return its delivery future."""
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
+             headers: list[tuple[str, bytes]] | None = None) -> DeliveryFuture:
+        """Queue one record (``headers``: Kafka record headers); return its delivery future."""
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until all queued records are resolved or ``timeout`` seconds pass."""
@@ -109,10 +109,10 @@ class KafkaPythonTransport:
         )
         self._producer = producer_client(s, **{**options, **overrides})
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None,
-             partition: int | None = None) -> DeliveryFuture:
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
+             headers: list[tuple[str, bytes]] | None = None) -> DeliveryFuture:
         """Queue a record (see :class:`Transport`); kafka-python's ``FutureRecordMetadata``."""
-        return self._producer.send(topic, value=value, key=key, partition=partition)
+        return self._producer.send(topic, value=value, key=key, partition=partition, headers=headers)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until queued records are resolved; raises ``KafkaTimeoutError`` on timeout."""

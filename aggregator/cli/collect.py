@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or Ctrl-C; then drain and flush."""
     require_extra("the collect command", "server", COLLECT_MODULES)
     from aggregator.collector.app import Collector, build_app
+    from aggregator.collector.forward import PRODUCER_OPTIONS
     from aggregator.collector.tokens import TokenStore
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError, ConfigError
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     transport = KafkaPythonTransport(
         cfg.kafka, linger_s=0.0, delivery_timeout_s=section.delivery_timeout_s,
         max_request_size=max(1 << 20, section.max_body_bytes + 64 * 1024),
-        max_block_ms=int(section.ack_timeout_s * 1000))
+        max_block_ms=int(section.ack_timeout_s * 1000), **PRODUCER_OPTIONS)
     collector = Collector(section, schema, transport, cfg.topics.reports, tokens=tokens,
                           settings=cfg.kafka).start()
     app = build_app(collector)

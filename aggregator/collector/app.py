@@ -28,6 +28,7 @@ from aggregator.collector.forward import Forwarder, Readiness
 from aggregator.collector.idempotency import IdempotencyTable
 from aggregator.collector.metrics import CollectorMetrics
 from aggregator.collector.ratelimit import RateLimiter
+from aggregator.collector.readback import TopicReadBack
 from aggregator.collector.tokens import TokenStore
 from aggregator.errors import RequestRefused
 from ingest.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH, valid_idempotency_key
@@ -50,12 +51,17 @@ class Collector:
     schema : ingest.schema.TelemetrySchema
         The pipeline's schema: the only one whose records are accepted.
     transport : ingest.transport.Transport
-        Where bodies go (:class:`ingest.transport.KafkaPythonTransport` in production).
+        Where bodies go (:class:`ingest.transport.KafkaPythonTransport` in production, built with
+        :data:`aggregator.collector.forward.PRODUCER_OPTIONS`), with ``partitions_for(topic)``.
     topic : str
         The reports topic.
     tokens : TokenStore
     settings : ingest.kafka.KafkaSettings or None
-        For the readiness probe's TCP check (None: only the transport's metadata).
+        For the readiness probe's TCP check (None: only the transport's metadata) and the default
+        read-back.
+    readback : aggregator.collector.readback.ReadBack or None
+        Reads the topic back to settle unconfirmed batches; None builds a
+        :class:`~aggregator.collector.readback.TopicReadBack` from ``settings``.
     metrics : CollectorMetrics or None
         A new private registry by default.
     clock : callable () → float
@@ -63,29 +69,40 @@ class Collector:
     readiness_interval_s : float
         Seconds between readiness probes.
 
+    Raises
+    ------
+    ValueError
+        Neither ``settings`` nor ``readback`` given.
+
     Notes
     -----
     Source: docs/collector.md §2–§3.
     """
 
     def __init__(self, section: CollectorSection, schema, transport, topic: str, *, tokens: TokenStore,
-                 settings=None, metrics: CollectorMetrics | None = None, clock=time.monotonic,
-                 readiness_interval_s: float = 2.0) -> None:
+                 settings=None, readback=None, metrics: CollectorMetrics | None = None,
+                 clock=time.monotonic, readiness_interval_s: float = 2.0) -> None:
         self.section, self.schema, self.topic, self.tokens = section, schema, topic, tokens
         self.known = {bytes(schema.fingerprint): schema}
         self.metrics = metrics if metrics is not None else CollectorMetrics()
         self.table = IdempotencyTable(section.idempotency_window_s, section.idempotency_max_keys, clock)
         self.metrics.bind(self.table)
         self.limiter = RateLimiter(section.rate_limit_reports_per_s, section.rate_limit_burst, clock)
+        if readback is None:
+            if settings is None:
+                raise ValueError("Collector needs settings (to read the topic back) or a readback")
+            readback = TopicReadBack(settings, topic)
         self.forwarder = Forwarder(transport, topic, self.table, ack_timeout_s=section.ack_timeout_s,
-                                   max_inflight_bytes=section.max_inflight_bytes)
+                                   max_inflight_bytes=section.max_inflight_bytes, readback=readback,
+                                   on_readback=self.metrics.readback)
         self.readiness = Readiness(transport, topic, settings, readiness_interval_s)
         self.stopping = False
         tokens._on_reload = self.metrics.token_reload
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Collector:
-        """Start the readiness probe."""
+        """Read the topic's end offsets (read-back lower bounds) and start the readiness probe."""
+        self.forwarder.start()
         self.readiness.start()
         return self
 

@@ -1,14 +1,21 @@
 """The Kafka side of the collector: each accepted body becomes one record of the reports topic,
-sent at most once per idempotency key while the key is remembered (docs/collector.md §6).
+written once per idempotency key while the key is remembered (docs/collector.md §6).
 
 :meth:`Forwarder.submit` is the exactly-once step. With the key's entry
 (:class:`~aggregator.collector.idempotency.IdempotencyTable`):
 
 * accepted → a duplicate (same body) or ``idempotency_key_reused`` (another body), nothing sent;
 * in flight → wait (up to ``ack_timeout_s`` in all) for that record's outcome, never send again:
-  acknowledged → duplicate; failed → the key is free, send it now (the waiter that wakes first
-  does; the others then find it in flight again);
+  acknowledged → duplicate; failed → go on with the new state (the waiter that wakes first acts;
+  the others then find the key in flight again or settled);
+* unconfirmed (the client failed the record after the broker may have written it) → read its
+  partition back (:mod:`aggregator.collector.readback`): found → duplicate; absent → send anew;
 * unknown → create the in-flight entry, send, and wait for the acknowledgement.
+
+Every record carries its batch id header and goes to the partition chosen from it, so a read-back
+knows where to look; the Kafka client must not retry on its own (``retries=0``, no idempotent
+producer — :data:`PRODUCER_OPTIONS`), since its retries are what writes a second copy when an
+acknowledgement is lost.
 
 The Kafka client resolves a record's future on its own thread; the callbacks hand the outcome to
 the event loop with ``loop.call_soon_threadsafe``, where the table is changed.
@@ -24,12 +31,18 @@ import threading
 import time
 from dataclasses import dataclass
 
-from aggregator.collector.idempotency import ACCEPTED, IN_FLIGHT, IdempotencyTable
+from aggregator.collector.idempotency import ACCEPTED, IN_FLIGHT, UNCONFIRMED, IdempotencyTable
+from aggregator.collector.readback import BATCH_ID_HEADER, batch_id, partition_of
 from aggregator.errors import RequestRefused
 
-__all__ = ["Forwarder", "Readiness", "Submitted"]
+__all__ = ["PRODUCER_OPTIONS", "Forwarder", "Readiness", "Submitted"]
 
 log = logging.getLogger(__name__)
+
+#: kafka-python producer options the forwarder needs: no retries of its own (a retry after a lost
+#: acknowledgement writes a second copy; the device's retry and the read-back replace them) and
+#: hence no idempotent producer (which requires retries). Applied over ``[kafka] extra``.
+PRODUCER_OPTIONS = {"retries": 0, "enable_idempotence": False}
 
 
 @dataclass(frozen=True)
@@ -53,9 +66,14 @@ class Forwarder:
         The reports topic.
     table : IdempotencyTable
     ack_timeout_s : float
-        Seconds a request waits for the outcome of its record (> 0).
+        Seconds a request waits for the outcome of its record, or for a read-back (> 0).
     max_inflight_bytes : int
         Body bytes allowed in flight; a body that would exceed it is refused (503 ``overloaded``).
+    readback : aggregator.collector.readback.ReadBack
+        Reads a partition back to settle an unconfirmed record.
+    on_readback : callable (outcome: str) → None, optional
+        Called once per settled entry (``"found"``, ``"absent"``) and per failed read-back
+        (``"failed"``); the metrics count them.
 
     Notes
     -----
@@ -63,11 +81,26 @@ class Forwarder:
     """
 
     def __init__(self, transport, topic: str, table: IdempotencyTable, *, ack_timeout_s: float,
-                 max_inflight_bytes: int) -> None:
+                 max_inflight_bytes: int, readback, on_readback=None) -> None:
         self.transport, self.topic, self.table = transport, topic, table
         self.ack_timeout_s = float(ack_timeout_s)
         self.max_inflight_bytes = int(max_inflight_bytes)
+        self.readback, self.on_readback = readback, on_readback
         self.sent = 0  # records handed to the transport
+        #: per partition, an offset at or below that of the next record written there: the end
+        #: offset read at :meth:`start`, then one past each acknowledged record
+        self.marks: dict[int, int] = {}
+        self._scans: dict[int, asyncio.Lock] = {}
+
+    def start(self) -> None:
+        """Read the partitions' end offsets (the first read-back lower bounds); on failure they
+        start at 0 (a read-back then scans the partition from its beginning) and a warning is
+        logged."""
+        try:
+            self.marks.update(self.readback.end_offsets())
+        except Exception as exc:
+            log.warning("end offsets of %s not read (%s): a read-back would scan from offset 0",
+                        self.topic, _one_line(exc))
 
     def _unavailable(self, why: str) -> RequestRefused:
         return RequestRefused("broker_unavailable", why, retry_after=max(1, math.ceil(self.ack_timeout_s)))
@@ -96,7 +129,8 @@ class Forwarder:
             422 ``idempotency_key_reused`` (the key is known with another body); 503
             ``overloaded`` (``max_inflight_bytes`` would be exceeded); 503 ``broker_unavailable``
             (no outcome within ``ack_timeout_s`` — the record stays in flight and a retry waits
-            for it — or the send failed: nothing was written, a retry sends anew).
+            for it —, the send failed — a retry reads the topic back or sends anew — or the
+            read-back did not reach the partition's end).
         """
         digest = hashlib.sha256(body).digest()
         deadline = time.monotonic() + self.ack_timeout_s
@@ -113,8 +147,47 @@ class Forwarder:
                 if not await self._wait(entry.done, deadline):
                     raise self._unavailable("Kafka has not acknowledged an earlier copy of this batch "
                                             f"within {self.ack_timeout_s:g} s; retry with the same key")
-                continue  # acknowledged → duplicate; failed → the key is free
+                continue  # acknowledged → duplicate; failed → unconfirmed or free
+            if entry is not None and entry.state == UNCONFIRMED:
+                await self._confirm(entry, deadline)
+                continue  # found → duplicate; absent → the key is free
             return await self._send(scope, key, body, reports, digest, deadline)
+
+    async def _confirm(self, entry, deadline: float) -> None:
+        """Settle the unconfirmed entries of ``entry``'s partition with one read-back (one at a
+        time per partition: a request finding a scan under way waits for it)."""
+        part = entry.partition
+        lock = self._scans.setdefault(part, asyncio.Lock())
+        remaining = deadline - time.monotonic()
+        try:
+            await asyncio.wait_for(lock.acquire(), max(remaining, 0.001))
+        except TimeoutError:
+            raise self._unavailable("the topic is being read back for this batch; retry with the "
+                                    "same key") from None
+        try:
+            if entry.state != UNCONFIRMED:
+                return  # the scan we waited for settled it
+            batch = {batch_id(e.scope, e.key): e for e in self.table.unconfirmed_in(part)}
+            start = min(e.start for e in batch.values())
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                scan = asyncio.to_thread(self.readback.find, part, start, set(batch), remaining)
+                found = await asyncio.wait_for(scan, remaining + 1.0)
+            except Exception as exc:
+                log.warning("read-back of %s[%d] from offset %d failed: %s", self.topic, part, start,
+                            _one_line(exc))
+                self._count("failed")
+                raise self._unavailable("could not read the topic back to learn whether an earlier "
+                                        "copy of this batch was written; retry with the same key") from None
+            for bid, e in batch.items():
+                self.table.confirm(e, bid in found)
+                self._count("found" if bid in found else "absent")
+        finally:
+            lock.release()
+
+    def _count(self, outcome: str) -> None:
+        if self.on_readback is not None:
+            self.on_readback(outcome)
 
     async def _send(self, scope: str, key: str, body: bytes, reports: int, digest: bytes,
                     deadline: float) -> Submitted:
@@ -125,10 +198,16 @@ class Forwarder:
         entry = self.table.begin(scope, key, digest, reports, len(body))  # no await before: atomic
         done = entry.done  # the table drops it once resolved, maybe while the send is awaited
         loop = asyncio.get_running_loop()
+        bid = batch_id(scope, key)
 
         def send() -> None:  # in a thread: kafka-python's send may block on metadata or a full buffer
             try:
-                future = self.transport.send(self.topic, body)
+                part = partition_of(bid, self.transport.partitions_for(self.topic) or ())
+                # marks only grow, and one read here was set by an acknowledgement that came
+                # before this send: the record lands above it
+                entry.partition, entry.start = part, self.marks.get(part, 0)
+                future = self.transport.send(self.topic, body, partition=part,
+                                             headers=[(BATCH_ID_HEADER, bid)])
             except BaseException:  # nothing queued: the key is free again
                 _call_soon(loop, self.table.resolve, entry, False)
                 raise
@@ -147,22 +226,29 @@ class Forwarder:
             raise self._unavailable(f"Kafka did not acknowledge the batch within {self.ack_timeout_s:g} "
                                     "s; retry with the same key")
         if entry.state != ACCEPTED:
-            raise self._unavailable("Kafka refused the batch; retry with the same key")
+            raise self._unavailable("Kafka failed the batch (it may have been written: a retry with "
+                                    "the same key reads the topic back)")
         return Submitted(reports, False)
 
     def _bridge(self, loop: asyncio.AbstractEventLoop, future, entry) -> None:
-        table = self.table
+        table, marks = self.table, self.marks
 
-        def settle(ok: bool, exc: BaseException | None = None) -> None:
-            if exc is not None:
-                log.warning("Kafka failed a record of token %r: %s", entry.scope, _one_line(exc))
-            table.resolve(entry, ok)
+        def acknowledged(metadata) -> None:
+            part, offset = getattr(metadata, "partition", None), getattr(metadata, "offset", None)
+            if part is not None and offset is not None and offset >= marks.get(part, 0):
+                marks[part] = offset + 1
+            table.resolve(entry, True)
 
-        def on_ack(_metadata) -> None:
-            _call_soon(loop, settle, True)
+        def failed(exc: BaseException) -> None:
+            # the broker may have written it (a lost acknowledgement): a retry reads it back
+            log.warning("Kafka failed a record of token %r: %s", entry.scope, _one_line(exc))
+            table.unconfirm(entry)
+
+        def on_ack(metadata) -> None:
+            _call_soon(loop, acknowledged, metadata)
 
         def on_error(exc: BaseException) -> None:
-            _call_soon(loop, settle, False, exc)
+            _call_soon(loop, failed, exc)
 
         future.add_callback(on_ack)
         future.add_errback(on_error)
@@ -182,7 +268,8 @@ class Forwarder:
         return True
 
     def close(self, timeout_s: float) -> None:
-        """Flush the transport (bounded by ``timeout_s``) and close it; logs, never raises."""
+        """Flush the transport (bounded by ``timeout_s``) and close it and the read-back; logs,
+        never raises."""
         try:
             self.transport.flush(timeout=timeout_s)
         except Exception as exc:
@@ -192,6 +279,10 @@ class Forwarder:
             self.transport.close(timeout=timeout_s)
         except Exception as exc:  # pragma: no cover - best effort
             log.warning("closing the Kafka producer: %s", _one_line(exc))
+        try:
+            self.readback.close()
+        except Exception as exc:  # pragma: no cover - best effort
+            log.warning("closing the read-back consumer: %s", _one_line(exc))
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:

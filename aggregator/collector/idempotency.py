@@ -5,14 +5,20 @@ An entry is keyed by ``(token id, Idempotency-Key)`` and holds the SHA-256 of th
 report count. Its life:
 
 * **in flight** — created just before the body is sent to Kafka; it stays in flight until the
-  Kafka client resolves the record's future, also after the request that sent it gave up waiting
-  (503 ``broker_unavailable``): the client keeps retrying until ``delivery_timeout_ms`` and may
-  still deliver it. In-flight entries are never evicted.
+  Kafka client resolves the record's future (within ``delivery_timeout_ms``), also after the
+  request that sent it gave up waiting (503 ``broker_unavailable``): the record may still be
+  delivered. In-flight entries are never evicted.
 * **accepted** — the broker acknowledged the record. The entry is kept for ``window_s`` seconds
   after the acknowledgement, at most ``max_keys`` of them (the least recently used is dropped
   first); a request with the key then is a duplicate.
-* **removed** — the send definitely failed: nothing reached the topic, so the key is free and a
-  retry forwards the body anew.
+* **unconfirmed** — the Kafka client failed the record after it was handed to the broker (the
+  broker died, the connection dropped, the request timed out): it may or may not be in the topic.
+  The entry keeps the record's partition and an offset at or below the one it would have. A retry
+  reads that partition back (:mod:`aggregator.collector.readback`) and the entry becomes accepted
+  (found) or removed (absent). Unconfirmed entries are never evicted; they expire ``window_s``
+  after the failure.
+* **removed** — nothing reached the topic (the client refused the record, or the read-back did
+  not find it): the key is free and a retry forwards the body anew.
 
 Every method runs on the event loop's thread (the Kafka callbacks are brought there with
 ``loop.call_soon_threadsafe``), so no lock is needed: between two ``await`` s nobody else touches
@@ -27,10 +33,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-__all__ = ["ACCEPTED", "IN_FLIGHT", "Entry", "IdempotencyTable"]
+__all__ = ["ACCEPTED", "IN_FLIGHT", "UNCONFIRMED", "Entry", "IdempotencyTable"]
 
 IN_FLIGHT = "in_flight"
 ACCEPTED = "accepted"
+UNCONFIRMED = "unconfirmed"
+REMOVED = "removed"
 
 
 class Entry:
@@ -49,15 +57,23 @@ class Entry:
     size : int
         Body bytes (counted in :attr:`IdempotencyTable.inflight_bytes` while in flight).
     state : str
-        :data:`IN_FLIGHT` or :data:`ACCEPTED` (a removed entry is no longer in the table).
+        :data:`IN_FLIGHT`, :data:`UNCONFIRMED` or :data:`ACCEPTED` (a removed entry is no longer in
+        the table).
     done : asyncio.Future or None
         Resolved with True (acknowledged) or False (failed) when the entry leaves
         :data:`IN_FLIGHT`, then dropped (None); requests waiting on the key await it (shielded).
     accepted_at : float or None
         Monotonic seconds of the acknowledgement.
+    partition : int or None
+        The reports-topic partition the record was sent to (set by the forwarder).
+    start : int
+        An offset at or below the record's in ``partition`` (where a read-back starts).
+    failed_at : float or None
+        Monotonic seconds when the record became unconfirmed.
     """
 
-    __slots__ = ("accepted_at", "digest", "done", "key", "reports", "scope", "size", "state")
+    __slots__ = ("accepted_at", "digest", "done", "failed_at", "key", "partition", "reports", "scope",
+                 "size", "start", "state")
 
     def __init__(self, scope: str, key: str, digest: bytes, reports: int, size: int,
                  done: asyncio.Future) -> None:
@@ -66,6 +82,9 @@ class Entry:
         self.state = IN_FLIGHT
         self.done = done
         self.accepted_at: float | None = None
+        self.partition: int | None = None
+        self.start = 0
+        self.failed_at: float | None = None
 
     def __repr__(self) -> str:
         return f"Entry({self.scope!r}, {self.key!r}, {self.state}, reports={self.reports})"
@@ -97,6 +116,7 @@ class IdempotencyTable:
         self.window_s, self.max_keys, self._clock = float(window_s), int(max_keys), clock
         self._inflight: dict[tuple[str, str], Entry] = {}
         self._accepted: OrderedDict[tuple[str, str], Entry] = OrderedDict()
+        self._unconfirmed: OrderedDict[tuple[str, str], Entry] = OrderedDict()
         self.inflight_bytes = 0
         self.evictions = 0
         self.expired = 0
@@ -105,13 +125,16 @@ class IdempotencyTable:
 
     # ------------------------------------------------------------------ reading
     def lookup(self, scope: str, key: str) -> Entry | None:
-        """The entry of ``(scope, key)`` — in flight, or accepted within the window (then marked
-        recently used) — or None."""
+        """The entry of ``(scope, key)`` — in flight, unconfirmed, or accepted within the window
+        (then marked recently used) — or None."""
         k = (scope, key)
         e = self._inflight.get(k)
         if e is not None:
             return e
         self._expire()
+        e = self._unconfirmed.get(k)
+        if e is not None:
+            return e
         e = self._accepted.get(k)
         if e is None:
             return None
@@ -123,12 +146,22 @@ class IdempotencyTable:
         return e
 
     def __len__(self) -> int:
-        return len(self._inflight) + len(self._accepted)
+        return len(self._inflight) + len(self._unconfirmed) + len(self._accepted)
 
     @property
     def inflight(self) -> int:
         """Entries in flight."""
         return len(self._inflight)
+
+    @property
+    def unconfirmed(self) -> int:
+        """Unconfirmed entries held."""
+        return len(self._unconfirmed)
+
+    def unconfirmed_in(self, partition: int) -> list[Entry]:
+        """The unconfirmed entries of records sent to ``partition``, oldest failure first."""
+        self._expire()
+        return [e for e in self._unconfirmed.values() if e.partition == partition]
 
     @property
     def accepted(self) -> int:
@@ -146,7 +179,7 @@ class IdempotencyTable:
             ``await`` in between).
         """
         k = (scope, key)
-        if k in self._inflight or self.lookup(scope, key) is not None:
+        if self.lookup(scope, key) is not None:
             raise KeyError(f"idempotency key {key!r} of {scope!r} is already known")
         e = Entry(scope, key, digest, reports, size, asyncio.get_running_loop().create_future())
         self._inflight[k] = e
@@ -155,14 +188,41 @@ class IdempotencyTable:
 
     def resolve(self, entry: Entry, acknowledged: bool) -> None:
         """The Kafka client resolved ``entry``'s record: acknowledged → accepted (kept for the
-        window); not → removed (a retry forwards anew). Waiters of ``entry.done`` wake up.
-        A second call for the same entry does nothing."""
+        window); not → removed (nothing was written: a retry forwards anew). Waiters of
+        ``entry.done`` wake up. A call for an entry no longer in flight does nothing."""
+        if self._leave_flight(entry):
+            self._settle(entry, acknowledged)
+
+    def unconfirm(self, entry: Entry) -> None:
+        """The Kafka client failed ``entry``'s record after handing it to the broker: it may be in
+        the topic. The entry becomes :data:`UNCONFIRMED` until :meth:`confirm`; waiters wake up
+        with False. A call for an entry no longer in flight does nothing."""
+        if not self._leave_flight(entry):
+            return
+        entry.state, entry.failed_at = UNCONFIRMED, self._clock()
+        self._unconfirmed[(entry.scope, entry.key)] = entry
+        self._wake(entry, False)
+
+    def confirm(self, entry: Entry, found: bool) -> None:
+        """A read-back of ``entry``'s partition settled it: ``found`` → accepted (the window
+        counts from now), absent → removed. A call for an entry not unconfirmed does nothing."""
+        k = (entry.scope, entry.key)
+        if entry.state != UNCONFIRMED or self._unconfirmed.get(k) is not entry:
+            return
+        del self._unconfirmed[k]
+        self._settle(entry, found)
+
+    def _leave_flight(self, entry: Entry) -> bool:
         k = (entry.scope, entry.key)
         if entry.state != IN_FLIGHT or self._inflight.get(k) is not entry:
-            return
+            return False
         del self._inflight[k]
         self.inflight_bytes -= entry.size
-        if acknowledged:
+        return True
+
+    def _settle(self, entry: Entry, accepted: bool) -> None:
+        k = (entry.scope, entry.key)
+        if accepted:
             entry.state = ACCEPTED
             entry.accepted_at = self._clock()
             self._accepted[k] = entry
@@ -174,14 +234,25 @@ class IdempotencyTable:
                 if self.on_evict is not None:
                     self.on_evict()
         else:
-            entry.state = "removed"
-        done, entry.done = entry.done, None  # the waiters hold it; an accepted entry needs none
+            entry.state = REMOVED
+        self._wake(entry, accepted)
+
+    @staticmethod
+    def _wake(entry: Entry, ok: bool) -> None:
+        done, entry.done = entry.done, None  # the waiters hold it; a settled entry needs none
         if done is not None and not done.done():
-            done.set_result(bool(acknowledged))
+            done.set_result(bool(ok))
 
     def _expire(self) -> None:
-        """Drop accepted entries past the window from the least recently used end."""
+        """Drop accepted entries past the window from the least recently used end, and
+        unconfirmed ones ``window_s`` after their failure."""
         now = self._clock()
+        while self._unconfirmed:
+            first = next(iter(self._unconfirmed.values()))
+            if now - first.failed_at < self.window_s:
+                break
+            self._unconfirmed.popitem(last=False)
+            self.expired += 1
         while self._accepted:
             first = next(iter(self._accepted.values()))
             if now - first.accepted_at < self.window_s:

@@ -4,8 +4,9 @@ Families: ``ldp_collector_reports_accepted_total``, ``ldp_collector_batches_tota
 (``accepted``, ``duplicate``, ``refused``), ``ldp_collector_refused_total{reason}`` (the error
 code), ``ldp_collector_request_seconds`` (histogram of ``POST /v1/reports``),
 ``ldp_collector_inflight_bytes``, ``ldp_collector_idempotency_keys{state}``,
-``ldp_collector_idempotency_evictions_total``, ``ldp_collector_token_reloads_total{outcome}``
-(``ok``, ``failed``).
+``ldp_collector_idempotency_evictions_total``, ``ldp_collector_readbacks_total{outcome}``
+(``found``, ``absent``, ``failed``), ``ldp_collector_token_reloads_total{outcome}`` (``ok``,
+``failed``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ COLLECTOR_METRIC_NAMES: tuple[str, ...] = (
     "ldp_collector_inflight_bytes",
     "ldp_collector_idempotency_keys",
     "ldp_collector_idempotency_evictions_total",
+    "ldp_collector_readbacks_total",
     "ldp_collector_token_reloads_total",
 )
 
@@ -61,12 +63,17 @@ class CollectorMetrics:
         self.evictions = Counter("ldp_collector_idempotency_evictions",
                                  "Accepted keys dropped before their window ended (idempotency_max_keys).",
                                  registry=r)
+        self.readbacks = Counter("ldp_collector_readbacks", "Unconfirmed batches settled by reading "
+                                 "the reports topic back (found, absent), and failed read-backs.",
+                                 ["outcome"], registry=r)
         self.token_reloads = Counter("ldp_collector_token_reloads", "Token-file reloads, by outcome.",
                                      ["outcome"], registry=r)
         for outcome in ("accepted", "duplicate", "refused"):
             self.batches.labels(outcome=outcome)
         for outcome in ("ok", "failed"):
             self.token_reloads.labels(outcome=outcome)
+        for outcome in ("found", "absent", "failed"):
+            self.readbacks.labels(outcome=outcome)
 
     def bind(self, table) -> None:
         """Read the gauges from an :class:`~aggregator.collector.idempotency.IdempotencyTable`
@@ -74,12 +81,17 @@ class CollectorMetrics:
         self.inflight_bytes.set_function(lambda: table.inflight_bytes)
         self.keys.labels(state="in_flight").set_function(lambda: table.inflight)
         self.keys.labels(state="accepted").set_function(lambda: table.accepted)
+        self.keys.labels(state="unconfirmed").set_function(lambda: table.unconfirmed)
         table.on_evict = self.evictions.inc
 
     def refuse(self, code: str) -> None:
         """Count a refused request with error ``code``."""
         self.refused.labels(reason=code).inc()
         self.batches.labels(outcome="refused").inc()
+
+    def readback(self, outcome: str) -> None:
+        """Count a read-back outcome (``found``, ``absent``, ``failed``)."""
+        self.readbacks.labels(outcome=outcome).inc()
 
     def token_reload(self, ok: bool) -> None:
         """Count a token-file reload attempt."""

@@ -35,11 +35,19 @@ def body(n: int, seed: int = 0, schema: TelemetrySchema = SCHEMA) -> bytes:
     return encode(Privatizer(schema, rng).privatize_batch({field: rng.random(n)}))
 
 
+class Metadata:
+    """kafka-python's ``RecordMetadata`` surface: ``partition`` and ``offset``."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self.partition, self.offset = partition, offset
+
+
 class FakeFuture:
     """kafka-python's future surface: callbacks run at once if already resolved, else when
     resolved (on the resolving thread)."""
 
     def __init__(self) -> None:
+        self.metadata: Metadata | None = None
         self._lock = threading.Lock()
         self._ok: list = []
         self._err: list = []
@@ -52,7 +60,7 @@ class FakeFuture:
                 self._ok.append(fn)
                 return self
         if self.exception is None:
-            fn("metadata")
+            fn(self.metadata)
         return self
 
     def add_errback(self, fn):
@@ -69,51 +77,90 @@ class FakeFuture:
             self.is_done, self.exception = True, exc
             fns = self._err if exc is not None else self._ok
         for fn in fns:
-            fn(exc if exc is not None else "metadata")
+            fn(exc if exc is not None else self.metadata)
 
 
 class FakeTransport:
-    """An ``ingest.transport.Transport``: ``mode`` ``"ack"`` acknowledges at once, ``"hold"`` keeps
-    the futures in :attr:`pending` until :meth:`ack_all` / :meth:`fail_all`, ``"fail"`` fails the
-    future, ``"raise"`` raises from ``send``. :attr:`delivered` holds the acknowledged values."""
+    """An ``ingest.transport.Transport`` over an in-memory topic, and the collector's ``ReadBack``
+    of it.
+
+    ``mode``: ``"ack"`` writes and acknowledges at once; ``"hold"`` keeps the futures in
+    :attr:`pending` until :meth:`ack_all` / :meth:`fail_all` / :meth:`lose_acks`; ``"fail"`` fails
+    the future without writing; ``"lost-ack"`` writes the record and fails the future (a broker that
+    died after storing it); ``"raise"`` raises from ``send``. :attr:`log` holds each partition's
+    written ``(value, headers)``; :attr:`delivered` the written values in order; ``readback_error``
+    makes :meth:`find` raise it."""
 
     def __init__(self, mode: str = "ack") -> None:
         self.mode = mode
         self.sent: list[bytes] = []
         self.delivered: list[bytes] = []
-        self.pending: list[tuple[bytes, FakeFuture]] = []
+        self.pending: list[tuple[bytes, int, list, FakeFuture]] = []
         self.closed = False
         self.flushed = 0
         self.partitions: set[int] | None = {0}
+        self.log: dict[int, list[tuple[bytes, list]]] = {}
+        self.finds: list[tuple[int, int, int]] = []  # (partition, start, ids asked)
+        self.readback_error: BaseException | None = None
 
-    def send(self, topic, value, key=None, partition=None):
+    def _write(self, value: bytes, partition: int, headers: list, fut: FakeFuture) -> None:
+        records = self.log.setdefault(partition, [])
+        fut.metadata = Metadata(partition, len(records))
+        records.append((value, list(headers)))
+        self.delivered.append(value)
+
+    def send(self, topic, value, key=None, partition=None, headers=None):
         assert topic == TOPIC
         if self.mode == "raise":
             raise RuntimeError("buffer full")
-        self.sent.append(bytes(value))
+        assert partition in (self.partitions or ()), partition
+        value, headers = bytes(value), list(headers or ())
+        self.sent.append(value)
         fut = FakeFuture()
         if self.mode == "ack":
-            self.delivered.append(bytes(value))
+            self._write(value, partition, headers, fut)
             fut.resolve()
         elif self.mode == "fail":
             fut.resolve(RuntimeError("broker said no"))
+        elif self.mode == "lost-ack":
+            self._write(value, partition, headers, fut)
+            fut.resolve(ConnectionError("connection lost before the acknowledgement"))
         else:
-            self.pending.append((bytes(value), fut))
+            self.pending.append((value, partition, headers, fut))
         return fut
 
     def ack_all(self) -> None:
         pending, self.pending = self.pending, []
-        for value, fut in pending:
-            self.delivered.append(value)
+        for value, partition, headers, fut in pending:
+            self._write(value, partition, headers, fut)
             fut.resolve()
 
     def fail_all(self) -> None:
+        """Fail the held records without writing them."""
         pending, self.pending = self.pending, []
-        for _, fut in pending:
+        for *_, fut in pending:
             fut.resolve(RuntimeError("delivery timed out"))
+
+    def lose_acks(self) -> None:
+        """Write the held records and fail their futures."""
+        pending, self.pending = self.pending, []
+        for value, partition, headers, fut in pending:
+            self._write(value, partition, headers, fut)
+            fut.resolve(ConnectionError("connection lost before the acknowledgement"))
 
     def partitions_for(self, topic):
         return self.partitions
+
+    # ReadBack
+    def end_offsets(self):
+        return {p: len(self.log.get(p, ())) for p in (self.partitions or ())}
+
+    def find(self, partition, start, ids, timeout_s):
+        self.finds.append((partition, start, len(ids)))
+        if self.readback_error is not None:
+            raise self.readback_error
+        return {v for _, headers in self.log.get(partition, [])[start:] for k, v in headers
+                if k == "ldp-batch-id" and v in ids}
 
     def flush(self, timeout=None):
         self.flushed += 1
@@ -137,7 +184,8 @@ class Served:
         self.transport = transport if transport is not None else FakeTransport()
         self.section = CollectorSection(**section)
         self.collector = Collector(self.section, SCHEMA, self.transport, TOPIC,
-                                   tokens=TokenStore(self.tokens_path, check_every_s=0.0), clock=clock,
+                                   tokens=TokenStore(self.tokens_path, check_every_s=0.0),
+                                   readback=self.transport, clock=clock,
                                    readiness_interval_s=0.05).start()
         self.server = ServedApp(build_app(self.collector))
         self.port = self.server.port
@@ -148,7 +196,8 @@ class Served:
 
         self.transport = FakeTransport()
         c = self.collector
-        c.forwarder.transport = c.readiness.transport = self.transport
+        c.forwarder.transport = c.forwarder.readback = c.readiness.transport = self.transport
+        c.forwarder.marks.clear()
         c.table = c.forwarder.table = IdempotencyTable(self.section.idempotency_window_s,
                                                        self.section.idempotency_max_keys)
         c.metrics.bind(c.table)

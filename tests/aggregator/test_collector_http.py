@@ -223,6 +223,7 @@ def test_health_readiness_and_metrics(own):
         assert time.monotonic() < deadline, "readyz stayed 200 without partitions"
         time.sleep(0.02)
     assert "no partitions" in served.get("/readyz")[1]
+    served.transport.partitions = {0}
     served.post(body(6), "m-1")
     served.post(body(6), "m-1")
     served.post(body(6), "m-2", headers=served.headers(ctype="text/plain"))

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from aggregator.collector.forward import Forwarder
-from aggregator.collector.idempotency import ACCEPTED, IN_FLIGHT, IdempotencyTable
+from aggregator.collector.idempotency import ACCEPTED, IN_FLIGHT, UNCONFIRMED, IdempotencyTable
 from aggregator.collector.ratelimit import RateLimiter
 from aggregator.errors import RequestRefused
 from tests.aggregator.collector_support import TOPIC, FakeTransport, Served, body, metric
@@ -92,16 +92,18 @@ def test_a_retry_while_the_first_copy_is_in_flight_waits_for_it_and_is_not_forwa
     assert served.transport.sent == [data] and served.transport.delivered == [data]
 
 
-def test_a_failed_send_frees_the_key_and_the_retry_forwards(served):
+def test_a_failed_send_is_read_back_on_the_retry_and_forwarded_when_absent(served):
     data = body(4)
     served.transport.mode = "fail"
     status, js, headers = served.post(data, "f-1")
     assert status == 503 and js["error"] == "broker_unavailable" and int(headers["retry-after"]) >= 1
     assert served.transport.delivered == []
+    assert served.collector.table.lookup("dev-a", "f-1").state == UNCONFIRMED
     served.transport.mode = "ack"
     status, js, _ = served.post(data, "f-1")
     assert (status, js["duplicate"]) == (202, False)
     assert served.transport.delivered == [data] and len(served.transport.sent) == 2
+    assert len(served.transport.finds) == 1
 
 
 def test_a_send_that_raises_frees_the_key_too(served):
@@ -138,14 +140,14 @@ def test_no_ack_within_ack_timeout_is_503_and_the_late_ack_makes_the_retry_a_dup
         s.close()
 
 
-def test_a_late_failure_after_the_timeout_lets_the_retry_forward(tmp_path):
+def test_a_late_failure_after_the_timeout_is_read_back_and_the_retry_forwards(tmp_path):
     s = Served(tmp_path, ack_timeout_s=0.1)
     try:
         s.transport.mode = "hold"
         data = body(5)
         assert s.post(data, "lf")[0] == 503
         s.transport.fail_all()
-        wait_for(lambda: s.collector.table.lookup("dev-a", "lf") is None)
+        wait_for(lambda: s.collector.table.lookup("dev-a", "lf").state == UNCONFIRMED)
         s.transport.mode = "ack"
         assert s.post(data, "lf")[:2] == (202, {"accepted": 5, "idempotency_key": "lf", "duplicate": False})
         assert s.transport.delivered == [data]
@@ -188,7 +190,8 @@ def test_concurrent_waiters_of_a_failed_send_forward_it_once():
     async def main():
         transport = FakeTransport("hold")
         table = IdempotencyTable(60.0, 100)
-        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=2.0, max_inflight_bytes=1 << 20)
+        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=2.0, max_inflight_bytes=1 << 20,
+                       readback=transport)
         data = body(3)
         first = asyncio.create_task(fw.submit("t", "k", data, 3))
         while not transport.pending:
@@ -215,7 +218,8 @@ def test_an_accepted_key_is_forgotten_after_the_window():
         clock = Clock()
         transport = FakeTransport()
         table = IdempotencyTable(900.0, 100, clock)
-        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=1.0, max_inflight_bytes=1 << 20)
+        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=1.0, max_inflight_bytes=1 << 20,
+                       readback=transport)
         data = body(2)
         assert not (await fw.submit("t", "w", data, 2)).duplicate
         clock.t += 899.0
@@ -233,7 +237,8 @@ def test_the_window_is_bounded_by_max_keys_least_recently_used_first():
         table = IdempotencyTable(900.0, 2)
         evicted = []
         table.on_evict = lambda: evicted.append(1)
-        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=1.0, max_inflight_bytes=1 << 20)
+        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=1.0, max_inflight_bytes=1 << 20,
+                       readback=transport)
         data = {k: body(1, i) for i, k in enumerate("abc")}
         await fw.submit("t", "a", data["a"], 1)
         await fw.submit("t", "b", data["b"], 1)
@@ -252,7 +257,8 @@ def test_in_flight_bytes_beyond_the_bound_are_503_overloaded_and_not_forwarded()
         transport = FakeTransport("hold")
         table = IdempotencyTable(900.0, 100)
         a, b = body(3, 1), body(3, 2)
-        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=1.0, max_inflight_bytes=len(a) + len(b) - 1)
+        fw = Forwarder(transport, TOPIC, table, ack_timeout_s=1.0, max_inflight_bytes=len(a) + len(b) - 1,
+                       readback=transport)
         first = asyncio.create_task(fw.submit("t", "a", a, 3))
         while not transport.pending:
             await asyncio.sleep(0.001)

@@ -1,6 +1,7 @@
 """The collector against the real broker (docs/collector.md): the reports topic receives exactly
-the POSTed bytes, once per key; ``ldp-stream collect`` starts, prints its URL, answers
-``/healthz`` and ``/readyz``, forwards a batch and stops on SIGTERM."""
+the POSTed bytes, once per key, each with its batch id header; a batch whose acknowledgement was
+lost is found by reading the topic back and not written twice; ``ldp-stream collect`` starts,
+prints its URL, answers ``/healthz`` and ``/readyz``, forwards a batch and stops on SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ import pytest
 
 from aggregator.collector.app import Collector, build_app
 from aggregator.collector.config import CollectorSection
+from aggregator.collector.forward import PRODUCER_OPTIONS
+from aggregator.collector.readback import BATCH_ID_HEADER, batch_id, partition_of
 from aggregator.collector.tokens import TokenStore, mint_token
 from ingest.clients import topic_values
 from ingest.http_protocol import CONTENT_TYPE
-from ingest.kafka import ensure_topic
+from ingest.kafka import KafkaSettings, ensure_topic
 from ingest.transport import KafkaPythonTransport
 from tests.aggregator.collector_support import body, metric
 from tests.http_server import ServedApp
@@ -70,16 +73,40 @@ def get(url: str, ca: Path | None = None) -> int:
         return 0
 
 
-def test_the_topic_receives_exactly_the_posted_bytes_once(tmp_path, bootstrap_servers, topic_name):
+def records(bootstrap: str, topic: str) -> list:
+    """Every record of ``topic`` (value and headers), partition by partition."""
+    from kafka import TopicPartition
+
+    from ingest.clients import read_to_end, reader_client
+
+    consumer = reader_client(KafkaSettings.coerce(bootstrap))
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        out: list = []
+        read_to_end(consumer, tps, lambda tp, recs: out.extend(recs), timeout_s=20,
+                    on_timeout=lambda: TimeoutError(topic))
+        return out
+    finally:
+        consumer.close()
+
+
+def collector_on(bootstrap: str, topic: str, tokens_path: Path, transport=None) -> Collector:
     from tests.aggregator import collector_support as cs
 
+    transport = transport or KafkaPythonTransport(bootstrap, linger_s=0.0, delivery_timeout_s=10.0,
+                                                  **PRODUCER_OPTIONS)
+    return Collector(CollectorSection(ack_timeout_s=10.0), cs.SCHEMA, transport, topic,
+                     tokens=TokenStore(tokens_path), settings=KafkaSettings.coerce(bootstrap),
+                     readiness_interval_s=0.2).start()
+
+
+def test_the_topic_receives_exactly_the_posted_bytes_once(tmp_path, bootstrap_servers, topic_name):
     topic = topic_name("col")
     ensure_topic(bootstrap_servers, topic, 2)
-    transport = KafkaPythonTransport(bootstrap_servers, linger_s=0.0, delivery_timeout_s=10.0)
     tokens_path = tmp_path / "tokens"
     token = mint_token(tokens_path, "dev")
-    collector = Collector(CollectorSection(ack_timeout_s=10.0), cs.SCHEMA, transport, topic,
-                         tokens=TokenStore(tokens_path), readiness_interval_s=0.2).start()
+    collector = collector_on(bootstrap_servers, topic, tokens_path)
     bodies = [body(n, seed=n) for n in (1, 5, 50, 500)]
     try:
         with ServedApp(build_app(collector)) as app:
@@ -98,8 +125,58 @@ def test_the_topic_receives_exactly_the_posted_bytes_once(tmp_path, bootstrap_se
             assert metric(text, "ldp_collector_batches_total", outcome="duplicate") == 4
     finally:
         collector.close(5.0)
-    got = read_topic(bootstrap_servers, topic)
-    assert sorted(got) == sorted(bodies)  # each body once, byte for byte
+    got = records(bootstrap_servers, topic)
+    assert sorted(r.value for r in got) == sorted(bodies)  # each body once, byte for byte
+    for r in got:  # on the partition its batch id names, with the id in a header
+        i = bodies.index(r.value)
+        bid = batch_id("dev", f"b-{i}")
+        assert list(r.headers) == [(BATCH_ID_HEADER, bid)] and r.partition == partition_of(bid, {0, 1})
+
+
+class LostAcks:
+    """A transport that writes through the real producer but reports the first ``n`` records as
+    failed, as when the broker stored them and died before answering."""
+
+    def __init__(self, inner: KafkaPythonTransport, n: int) -> None:
+        from tests.aggregator.collector_support import FakeFuture
+
+        self.inner, self.left, self._future = inner, n, FakeFuture
+
+    def send(self, topic, value, key=None, partition=None, headers=None):
+        fut = self.inner.send(topic, value, key=key, partition=partition, headers=headers)
+        if self.left <= 0:
+            return fut
+        self.left -= 1
+        fut.get(timeout=10)  # it is in the topic
+        lost = self._future()
+        lost.resolve(ConnectionError("connection lost before the acknowledgement"))
+        return lost
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_batch_whose_acknowledgement_was_lost_is_read_back_not_written_twice(
+        tmp_path, bootstrap_servers, topic_name):
+    topic = topic_name("colrb")
+    ensure_topic(bootstrap_servers, topic, 2)
+    tokens_path = tmp_path / "tokens"
+    token = mint_token(tokens_path, "dev")
+    inner = KafkaPythonTransport(bootstrap_servers, linger_s=0.0, delivery_timeout_s=10.0, **PRODUCER_OPTIONS)
+    collector = collector_on(bootstrap_servers, topic, tokens_path, LostAcks(inner, 3))
+    bodies = [body(20, seed=100 + i) for i in range(6)]
+    try:
+        with ServedApp(build_app(collector)) as app:
+            first = [post(app.url, b, f"l-{i}", token)[0] for i, b in enumerate(bodies)]
+            assert first == [503, 503, 503, 202, 202, 202]
+            again = [post(app.url, b, f"l-{i}", token) for i, b in enumerate(bodies)]
+            assert [(s, js["duplicate"]) for s, js in again] == [(202, True)] * 6
+            with urllib.request.urlopen(app.url + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+            assert metric(text, "ldp_collector_readbacks_total", outcome="found") == 3
+    finally:
+        collector.close(5.0)
+    assert sorted(read_topic(bootstrap_servers, topic)) == sorted(bodies)  # each once
 
 
 @contextmanager
