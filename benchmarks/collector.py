@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     pool = report_pool(schema, 100_000)
     per_sender = {1: 200 if args.quick else 2000, 100: 50 if args.quick else 400}
     plan = ([(1, 5000), (100, 100_000), (1000, 300_000)] if args.quick
-            else [(1, 20_000), (100, 300_000), (1000, 1_000_000)])
+            else [(1, 20_000), (100, 1_000_000), (1000, 1_000_000)])
     out: dict = {"machine": machine_info(), "command": "python -m benchmarks.collector "
                  + " ".join(argv if argv is not None else sys.argv[1:])}
     with tempfile.TemporaryDirectory(prefix="ldp-bench-col-") as d:

@@ -90,7 +90,7 @@ class Forwarder:
         #: per partition, an offset at or below that of the next record written there: the end
         #: offset read at :meth:`start`, then one past each acknowledged record
         self.marks: dict[int, int] = {}
-        self._scans: dict[int, asyncio.Lock] = {}
+        self._scans: dict[int, asyncio.Future] = {}  # the read-back under way per partition
 
     def start(self) -> None:
         """Read the partitions' end offsets (the first read-back lower bounds); on failure they
@@ -154,36 +154,43 @@ class Forwarder:
             return await self._send(scope, key, body, reports, digest, deadline)
 
     async def _confirm(self, entry, deadline: float) -> None:
-        """Settle the unconfirmed entries of ``entry``'s partition with one read-back (one at a
-        time per partition: a request finding a scan under way waits for it)."""
+        """Settle ``entry`` by a read-back of its partition: join the one under way, or start one
+        that settles every unconfirmed entry of the partition. Returns once a read-back that
+        included ``entry`` (or a later one) ended; the caller looks at the entry again."""
         part = entry.partition
-        lock = self._scans.setdefault(part, asyncio.Lock())
+        scan = self._scans.get(part)
+        if scan is None or scan.done():
+            scan = asyncio.ensure_future(self._scan(part, deadline))
+            self._scans[part] = scan
         remaining = deadline - time.monotonic()
         try:
-            await asyncio.wait_for(lock.acquire(), max(remaining, 0.001))
+            ok = await asyncio.wait_for(asyncio.shield(scan), max(remaining, 0.001))
         except TimeoutError:
-            raise self._unavailable("the topic is being read back for this batch; retry with the "
-                                    "same key") from None
+            raise self._unavailable("the topic is still being read back for this batch; retry with "
+                                    "the same key") from None
+        if not ok:
+            raise self._unavailable("could not read the topic back to learn whether an earlier copy "
+                                    "of this batch was written; retry with the same key")
+
+    async def _scan(self, part: int, deadline: float) -> bool:
+        """One read-back of partition ``part`` from the lowest mark of its unconfirmed entries;
+        settles each of them. False (logged, counted) if the end was not reached by ``deadline``."""
+        batch = {batch_id(e.scope, e.key): e for e in self.table.unconfirmed_in(part)}
+        if not batch:
+            return True
+        start = min(e.start for e in batch.values())
+        remaining = max(deadline - time.monotonic(), 0.001)
         try:
-            if entry.state != UNCONFIRMED:
-                return  # the scan we waited for settled it
-            batch = {batch_id(e.scope, e.key): e for e in self.table.unconfirmed_in(part)}
-            start = min(e.start for e in batch.values())
-            remaining = max(deadline - time.monotonic(), 0.001)
-            try:
-                scan = asyncio.to_thread(self.readback.find, part, start, set(batch), remaining)
-                found = await asyncio.wait_for(scan, remaining + 1.0)
-            except Exception as exc:
-                log.warning("read-back of %s[%d] from offset %d failed: %s", self.topic, part, start,
-                            _one_line(exc))
-                self._count("failed")
-                raise self._unavailable("could not read the topic back to learn whether an earlier "
-                                        "copy of this batch was written; retry with the same key") from None
-            for bid, e in batch.items():
-                self.table.confirm(e, bid in found)
-                self._count("found" if bid in found else "absent")
-        finally:
-            lock.release()
+            found = await asyncio.to_thread(self.readback.find, part, start, set(batch), remaining)
+        except Exception as exc:
+            log.warning("read-back of %s[%d] from offset %d failed: %s", self.topic, part, start,
+                        _one_line(exc))
+            self._count("failed")
+            return False
+        for bid, e in batch.items():
+            self.table.confirm(e, bid in found)
+            self._count("found" if bid in found else "absent")
+        return True
 
     def _count(self, outcome: str) -> None:
         if self.on_readback is not None:
