@@ -281,14 +281,11 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
 
 def _readbacks(url: str) -> dict[str, int]:
     """The collector's ``ldp_collector_readbacks_total`` by outcome."""
-    import urllib.request
+    from aggregator.metrics import metric_value, read_metrics
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {s.labels["outcome"]: int(s.value) for fam in text_string_to_metric_families(text)
-            for s in fam.samples if s.name == "ldp_collector_readbacks_total"}
+    text = read_metrics(url + "/metrics", timeout=5)
+    return {o: int(metric_value(text, "ldp_collector_readbacks_total", f'outcome="{o}"'))
+            for o in ("found", "absent", "failed")}
 
 
 def _feed(sender, part, rpb: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from ingest.kafka import KafkaSettings, high_watermarks
 
 __all__ = ["admin_client", "consumer_client", "producer_client", "read_to_end", "reader_client",
-           "topic_values"]
+           "topic_records", "topic_values"]
 
 
 def consumer_client(settings: KafkaSettings, *, group_id: str | None = None, fast_group: bool = False,
@@ -135,8 +135,9 @@ def read_to_end(consumer, partitions: Iterable, on_records: Callable[[Any, list]
             raise on_timeout()
 
 
-def topic_values(settings: KafkaSettings | str, topic: str, *, timeout_s: float = 60.0) -> list[bytes]:
-    """Every record value of ``topic``, partition by partition from the beginning to the end.
+def topic_records(settings: KafkaSettings | str, topic: str, *, timeout_s: float = 60.0) -> list:
+    """Every record of ``topic`` (kafka-python ``ConsumerRecord``: value, headers, partition,
+    offset …), partition by partition from the beginning to the end.
 
     Parameters
     ----------
@@ -148,8 +149,8 @@ def topic_values(settings: KafkaSettings | str, topic: str, *, timeout_s: float 
 
     Returns
     -------
-    list of bytes
-        The values, each partition's in offset order.
+    list of ConsumerRecord
+        Each partition's records in offset order.
 
     Raises
     ------
@@ -163,9 +164,14 @@ def topic_values(settings: KafkaSettings | str, topic: str, *, timeout_s: float 
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        values: list[bytes] = []
-        read_to_end(consumer, tps, lambda tp, recs: values.extend(r.value for r in recs),
+        records: list = []
+        read_to_end(consumer, tps, lambda tp, recs: records.extend(recs),
                     timeout_s=timeout_s, on_timeout=lambda: TimeoutError(f"{topic} not read to its end"))
-        return values
+        return records
     finally:
         consumer.close()
+
+
+def topic_values(settings: KafkaSettings | str, topic: str, *, timeout_s: float = 60.0) -> list[bytes]:
+    """The values of :func:`topic_records` (same parameters and errors)."""
+    return [r.value for r in topic_records(settings, topic, timeout_s=timeout_s)]

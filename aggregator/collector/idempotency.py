@@ -247,15 +247,15 @@ class IdempotencyTable:
         """Drop accepted entries past the window from the least recently used end, and
         unconfirmed ones ``window_s`` after their failure."""
         now = self._clock()
-        while self._unconfirmed:
-            first = next(iter(self._unconfirmed.values()))
-            if now - first.failed_at < self.window_s:
+        self._drop_older(self._unconfirmed, "failed_at", now)
+        self._drop_older(self._accepted, "accepted_at", now)
+
+    def _drop_older(self, entries: OrderedDict, stamp: str, now: float) -> None:
+        """Pop ``entries`` from the front while their ``stamp`` is ``window_s`` old or more (the
+        front is the oldest: failures come in time order, accepted keys by last use)."""
+        while entries:
+            first = next(iter(entries.values()))
+            if now - getattr(first, stamp) < self.window_s:
                 break
-            self._unconfirmed.popitem(last=False)
-            self.expired += 1
-        while self._accepted:
-            first = next(iter(self._accepted.values()))
-            if now - first.accepted_at < self.window_s:
-                break
-            self._accepted.popitem(last=False)
+            entries.popitem(last=False)
             self.expired += 1

@@ -26,7 +26,7 @@ from aggregator.collector.config import CollectorSection
 from aggregator.collector.forward import PRODUCER_OPTIONS
 from aggregator.collector.readback import BATCH_ID_HEADER, batch_id, partition_of
 from aggregator.collector.tokens import TokenStore, mint_token
-from ingest.clients import topic_values
+from ingest.clients import topic_records, topic_values
 from ingest.http_protocol import CONTENT_TYPE
 from ingest.kafka import KafkaSettings, ensure_topic
 from ingest.transport import KafkaPythonTransport
@@ -73,24 +73,6 @@ def get(url: str, ca: Path | None = None) -> int:
         return 0
 
 
-def records(bootstrap: str, topic: str) -> list:
-    """Every record of ``topic`` (value and headers), partition by partition."""
-    from kafka import TopicPartition
-
-    from ingest.clients import read_to_end, reader_client
-
-    consumer = reader_client(KafkaSettings.coerce(bootstrap))
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        out: list = []
-        read_to_end(consumer, tps, lambda tp, recs: out.extend(recs), timeout_s=20,
-                    on_timeout=lambda: TimeoutError(topic))
-        return out
-    finally:
-        consumer.close()
-
-
 def collector_on(bootstrap: str, topic: str, tokens_path: Path, transport=None) -> Collector:
     from tests.aggregator import collector_support as cs
 
@@ -125,7 +107,7 @@ def test_the_topic_receives_exactly_the_posted_bytes_once(tmp_path, bootstrap_se
             assert metric(text, "ldp_collector_batches_total", outcome="duplicate") == 4
     finally:
         collector.close(5.0)
-    got = records(bootstrap_servers, topic)
+    got = topic_records(bootstrap_servers, topic, timeout_s=20)
     assert sorted(r.value for r in got) == sorted(bodies)  # each body once, byte for byte
     for r in got:  # on the partition its batch id names, with the id in a header
         i = bodies.index(r.value)
