@@ -169,6 +169,16 @@ class FakeTransport:
         self.closed = True
 
 
+class Clock:
+    """A settable monotonic clock (seconds), starting at 1000."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def token_file(tmp_path: Path, token_id: str = "dev-a", expires: int | None = None) -> tuple[Path, str]:
     """A fresh token file holding one token; ``(path, token)``."""
     path = tmp_path / "tokens"

@@ -13,15 +13,7 @@ from aggregator.collector.forward import Forwarder
 from aggregator.collector.idempotency import ACCEPTED, IN_FLIGHT, UNCONFIRMED, IdempotencyTable
 from aggregator.collector.ratelimit import RateLimiter
 from aggregator.errors import RequestRefused
-from tests.aggregator.collector_support import TOPIC, FakeTransport, Served, body, metric
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.aggregator.collector_support import TOPIC, Clock, FakeTransport, Served, body, metric
 
 
 @pytest.fixture

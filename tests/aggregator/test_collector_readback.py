@@ -12,15 +12,14 @@ from aggregator.collector.forward import PRODUCER_OPTIONS, Forwarder
 from aggregator.collector.idempotency import ACCEPTED, UNCONFIRMED, IdempotencyTable
 from aggregator.collector.readback import BATCH_ID_HEADER, batch_id, partition_of
 from aggregator.errors import RequestRefused
-from tests.aggregator.collector_support import TOPIC, FakeTransport, Served, body, metric
+from tests.aggregator.collector_support import TOPIC, Clock, FakeTransport, Served, body, metric
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+@pytest.fixture
+def served(tmp_path):
+    s = Served(tmp_path)
+    yield s
+    s.close()
 
 
 def forwarder(transport: FakeTransport, table: IdempotencyTable | None = None, counts=None) -> Forwarder:
@@ -47,60 +46,51 @@ def test_the_collectors_producer_never_retries_on_its_own():
     assert PRODUCER_OPTIONS == {"retries": 0, "enable_idempotence": False}
 
 
-def test_every_record_carries_its_batch_id_on_its_partition(tmp_path):
-    s = Served(tmp_path)
-    try:
-        s.transport.partitions = {0, 1, 2, 3}
-        for i in range(8):
-            assert s.post(body(2, i), f"h-{i}")[0] == 202
-        for i in range(8):
-            bid = batch_id("dev-a", f"h-{i}")
-            records = s.transport.log[partition_of(bid, {0, 1, 2, 3})]
-            assert (body(2, i), [(BATCH_ID_HEADER, bid)]) in records
-    finally:
-        s.close()
+def test_every_record_carries_its_batch_id_on_its_partition(served):
+    s = served
+    s.transport.partitions = {0, 1, 2, 3}
+    for i in range(8):
+        assert s.post(body(2, i), f"h-{i}")[0] == 202
+    for i in range(8):
+        bid = batch_id("dev-a", f"h-{i}")
+        records = s.transport.log[partition_of(bid, {0, 1, 2, 3})]
+        assert (body(2, i), [(BATCH_ID_HEADER, bid)]) in records
 
 
-def test_a_lost_acknowledgement_is_found_by_the_read_back_and_not_written_twice(tmp_path):
-    s = Served(tmp_path)
-    try:
-        data = body(6)
-        s.transport.mode = "lost-ack"  # the broker stored it, then the connection dropped
-        status, js, _ = s.post(data, "la-1")
-        assert (status, js["error"]) == (503, "broker_unavailable")
-        assert s.collector.table.lookup("dev-a", "la-1").state == UNCONFIRMED
-        s.transport.mode = "ack"
-        status, js, _ = s.post(data, "la-1")
-        assert (status, js) == (202, {"accepted": 6, "idempotency_key": "la-1", "duplicate": True})
-        assert s.transport.delivered == [data] and s.transport.sent == [data]
-        assert s.collector.table.lookup("dev-a", "la-1").state == ACCEPTED
-        assert s.post(data, "la-1")[1]["duplicate"] is True and len(s.transport.finds) == 1
-        text = s.get("/metrics")[1]
-        assert metric(text, "ldp_collector_readbacks_total", outcome="found") == 1
-        assert metric(text, "ldp_collector_readbacks_total", outcome="absent") == 0
-        assert metric(text, "ldp_collector_batches_total", outcome="duplicate") == 2
-    finally:
-        s.close()
+def test_a_lost_acknowledgement_is_found_by_the_read_back_and_not_written_twice(served):
+    s = served
+    data = body(6)
+    s.transport.mode = "lost-ack"  # the broker stored it, then the connection dropped
+    status, js, _ = s.post(data, "la-1")
+    assert (status, js["error"]) == (503, "broker_unavailable")
+    assert s.collector.table.lookup("dev-a", "la-1").state == UNCONFIRMED
+    s.transport.mode = "ack"
+    status, js, _ = s.post(data, "la-1")
+    assert (status, js) == (202, {"accepted": 6, "idempotency_key": "la-1", "duplicate": True})
+    assert s.transport.delivered == [data] and s.transport.sent == [data]
+    assert s.collector.table.lookup("dev-a", "la-1").state == ACCEPTED
+    assert s.post(data, "la-1")[1]["duplicate"] is True and len(s.transport.finds) == 1
+    text = s.get("/metrics")[1]
+    assert metric(text, "ldp_collector_readbacks_total", outcome="found") == 1
+    assert metric(text, "ldp_collector_readbacks_total", outcome="absent") == 0
+    assert metric(text, "ldp_collector_batches_total", outcome="duplicate") == 2
 
 
-def test_a_failed_read_back_is_503_and_keeps_the_batch_unconfirmed(tmp_path):
-    s = Served(tmp_path)
-    try:
-        data = body(3)
-        s.transport.mode = "lost-ack"
-        assert s.post(data, "rb")[0] == 503
-        s.transport.mode, s.transport.readback_error = "ack", TimeoutError("partition 0 not read")
-        status, js, headers = s.post(data, "rb")
-        assert (status, js["error"]) == (503, "broker_unavailable") and "read the topic back" in js["reason"]
-        assert int(headers["retry-after"]) >= 1
-        assert s.collector.table.lookup("dev-a", "rb").state == UNCONFIRMED and s.transport.sent == [data]
-        s.transport.readback_error = None
-        assert s.post(data, "rb")[1]["duplicate"] is True
-        assert s.transport.delivered == [data]
-        text = s.get("/metrics")[1]
-        assert metric(text, "ldp_collector_readbacks_total", outcome="failed") == 1
-    finally:
-        s.close()
+def test_a_failed_read_back_is_503_and_keeps_the_batch_unconfirmed(served):
+    s = served
+    data = body(3)
+    s.transport.mode = "lost-ack"
+    assert s.post(data, "rb")[0] == 503
+    s.transport.mode, s.transport.readback_error = "ack", TimeoutError("partition 0 not read")
+    status, js, headers = s.post(data, "rb")
+    assert (status, js["error"]) == (503, "broker_unavailable") and "read the topic back" in js["reason"]
+    assert int(headers["retry-after"]) >= 1
+    assert s.collector.table.lookup("dev-a", "rb").state == UNCONFIRMED and s.transport.sent == [data]
+    s.transport.readback_error = None
+    assert s.post(data, "rb")[1]["duplicate"] is True
+    assert s.transport.delivered == [data]
+    text = s.get("/metrics")[1]
+    assert metric(text, "ldp_collector_readbacks_total", outcome="failed") == 1
 
 
 def run(coro):
