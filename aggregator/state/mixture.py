@@ -13,6 +13,8 @@ pooling — applies; on top:
 * **merge** — another partition's components are matched to this state's (Hungarian matching of
   the centres, :func:`mechanisms.mixtures.components.match_components`) and its θ, H and A
   permuted before pooling, so labels never switch;
+* **renewal** — DR and naive k-means renew compiled (:mod:`aggregator.state._kmeans_kernel`, the
+  same steps as the Python path, which Gaussian mixtures take);
 * **estimate** — components ascending by the first field's centre, original units (delta method
   for weights and variances), and the components the data do not determine named in
   ``Estimate.notes`` with infinite standard errors
@@ -69,6 +71,34 @@ class MixtureState(RenewableState):
                                          noise_var=np.full(p, (2.0 * float(zil.scale)) ** 2))
         self.params = parameter_names(q.kind, q.k, q.fields)
         return None, None, method
+
+    def _kernel_spec(self) -> tuple | None:
+        """``(w₁, w₂, box_low, box_high)`` of the compiled k-means renewal
+        (:mod:`aggregator.state._kmeans_kernel`) for DR or naive k-means, else None (mixtures
+        renew on the Python path)."""
+        from mechanisms.mixtures.kmeans import KMeansLoss, corrected_weights
+
+        if not isinstance(self.loss, KMeansLoss) or self.closs.method not in ("dr", "naive"):
+            return None
+        from aggregator.state import _kmeans_kernel as kk
+
+        w1, w2 = corrected_weights(self.closs)
+        p = self.cols.size
+        lo, hi = self.loss.box if self.loss.box is not None else (np.full(p, -np.inf), np.full(p, np.inf))
+        kk.warm()
+        return float(w1), float(w2), np.asarray(lo, np.float64).copy(), np.asarray(hi, np.float64).copy()
+
+    def _kernel_uses_x2(self) -> bool:
+        return self._kernel[1] != 0.0
+
+    def _run_kernel(self, ub1, x1, ub2, x2, block: int, full: int, theta, H, A, sc, spread: float) -> None:
+        from aggregator.state._kmeans_kernel import renew_kmeans_blocks
+        from mechanisms import renewable as rn
+
+        w1, w2, lo, hi = self._kernel
+        renew_kmeans_blocks(ub1, x1, ub2, x2, self.cols.astype(np.int64), np.asarray(self.shift, np.float64),
+                            np.asarray(self.scale, np.float64), int(self.loss.k), w1, w2, lo, hi, block, full,
+                            theta, H, A, sc, spread, rn.BANDWIDTH_C, rn.BANDWIDTH_POWER)
 
     def _aligned(self, fit):
         from mechanisms.mixtures.components import match_components, permute_fit

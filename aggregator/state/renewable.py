@@ -215,6 +215,22 @@ class RenewableState(State):
         rk.warm()
         return code, tau, a, b, label_mode, float(t_label)
 
+    def _kernel_uses_x2(self) -> bool:
+        """Whether the compiled renewal reads ``X̃₂`` (DR; not naive)."""
+        return self._kernel[3] != 0.0
+
+    def _run_kernel(self, ub1, x1, ub2, x2, block: int, full: int, theta, H, A, sc, spread: float) -> None:
+        """Call the compiled renewal over stream rows ``[0, full)``; ``theta``, ``H``, ``A`` and
+        ``sc = [n, guarded]`` are updated in place (:func:`renew_blocks`)."""
+        from aggregator.state._renewable_kernel import renew_blocks
+        from mechanisms import renewable as rn
+
+        code, tau, a, b, label_mode, t_label = self._kernel
+        renew_blocks(ub1, x1, ub2, x2, self.cols.astype(np.int64), np.asarray(self.shift, np.float64),
+                     np.asarray(self.scale, np.float64), bool(self.query.intercept), label_mode, t_label,
+                     a, b, code, tau, block, full, theta, H, A, sc, spread, rn.BANDWIDTH_C,
+                     rn.BANDWIDTH_POWER, 1 if self.engine.kinked else rn.MAX_NEWTON, rn.NEWTON_TOL)
+
     # ------------------------------------------------------------------ streaming
     def _std(self, x: np.ndarray) -> np.ndarray:
         return (x[:, self.cols] - self.shift) / self.scale
@@ -306,15 +322,13 @@ class RenewableState(State):
     def _renew_kernel(self, x1: np.ndarray | None, x2: np.ndarray | None) -> None:
         """Renew with the compiled loop: the buffered rows, then ``x1``/``x2`` (n, d) in original
         units, standardized inside the loop; the remainder becomes the new buffer."""
-        from aggregator.state._renewable_kernel import renew_blocks
-        from mechanisms import renewable as rn
         from mechanisms.renewable import RenewableFit
 
-        code, tau, a, b, label_mode, t_label = self._kernel
+        two = self._kernel_uses_x2()
         if x1 is None:  # only the buffer (right after the warm-up)
             x1 = x2 = np.zeros((0, int(self.cols.max()) + 1))
         x1 = np.ascontiguousarray(x1, dtype=np.float64)
-        x2 = np.ascontiguousarray(x2, dtype=np.float64) if b != 0.0 else x1
+        x2 = np.ascontiguousarray(x2, dtype=np.float64) if two else x1
         r, n, B = self.buf1.shape[0], x1.shape[0], int(self.opts.batch_size)
         full = ((r + n) // B) * B
         if full:
@@ -322,11 +336,8 @@ class RenewableState(State):
             theta, H, A = fit.theta.copy(), fit.H.copy(), fit.A.copy()
             sc = np.array([fit.n, fit.guarded], dtype=np.float64)
             ub1 = np.ascontiguousarray(self.buf1, dtype=np.float64)
-            ub2 = np.ascontiguousarray(self.buf2, dtype=np.float64) if b != 0.0 else ub1
-            renew_blocks(ub1, x1, ub2, x2, self.cols.astype(np.int64), np.asarray(self.shift, np.float64),
-                         np.asarray(self.scale, np.float64), bool(self.query.intercept), label_mode, t_label,
-                         a, b, code, tau, B, full, theta, H, A, sc, float(fit.spread), rn.BANDWIDTH_C,
-                         rn.BANDWIDTH_POWER, 1 if self.engine.kinked else rn.MAX_NEWTON, rn.NEWTON_TOL)
+            ub2 = np.ascontiguousarray(self.buf2, dtype=np.float64) if two else ub1
+            self._run_kernel(ub1, x1, ub2, x2, B, full, theta, H, A, sc, float(fit.spread))
             before = fit.guarded
             self.fit = RenewableFit(theta, H, A, int(sc[0]), fit.spread, int(sc[1]))
             self._note_guard(before)
