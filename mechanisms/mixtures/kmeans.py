@@ -72,11 +72,27 @@ def stacked(closs, x1: np.ndarray, x2: np.ndarray | None) -> tuple[np.ndarray, n
     return np.vstack([x1, x2]), np.concatenate([np.full(x1.shape[0], w1), np.full(x2.shape[0], w2)])
 
 
-def _nearest(z: np.ndarray, zz: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest centre and squared distance per row, given ``zz = ‖z‖²`` per row."""
-    g = (C * C).sum(axis=1)[None] - 2.0 * (z @ C.T)
-    a = g.argmin(axis=1)
-    return a, np.maximum(zz + g[np.arange(a.size), a], 0.0)
+def _nearest(z: np.ndarray, zz: np.ndarray, C: np.ndarray,
+             zt: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centre (the first on a tie) and squared distance per row, given ``zz = ‖z‖²`` per
+    row; ``zt``, the rows as a contiguous (p, m) array, saves a transpose in loops."""
+    if zt is None:
+        zt = np.ascontiguousarray(z.T)
+    cc = (C * C).sum(axis=1)
+    # one centre at a time: an (m, k) argmin along its short rows is several times slower
+    best = C[0] @ zt
+    best *= -2.0
+    best += cc[0]
+    a = np.zeros(zt.shape[1], dtype=np.intp)
+    g = np.empty_like(best)
+    for j in range(1, C.shape[0]):
+        np.dot(C[j], zt, out=g)
+        g *= -2.0
+        g += cc[j]
+        a[g < best] = j
+        np.minimum(best, g, out=best)
+    best += zz
+    return a, np.maximum(best, 0.0, out=best)
 
 
 def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_iter: int = 500,
@@ -107,7 +123,8 @@ def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_ite
     k, p = centres.shape
     C = np.array(centres, dtype=np.float64)
     zz = (z * z).sum(axis=1)
-    a, d = _nearest(z, zz, C)
+    zt = np.ascontiguousarray(z.T)
+    a, d = _nearest(z, zz, C, zt)
     F = float(w @ d)
     for _ in range(max_iter):
         W = np.bincount(a, w, minlength=k)
@@ -121,7 +138,7 @@ def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_ite
         t, moved = 1.0, False
         for _halving in range(11):
             Ct = C + t * step
-            at, dt = _nearest(z, zz, Ct)
+            at, dt = _nearest(z, zz, Ct, zt)
             Ft = float(w @ dt)
             if Ft <= F + 1e-12 * abs(F):
                 moved = True
@@ -306,7 +323,8 @@ class KMeansLoss(Loss):
         ndarray (k, p)
         """
         zz = (z * z).sum(axis=1)
-        a, d = _nearest(z, zz, C)
+        zt = np.ascontiguousarray(z.T)
+        a, d = _nearest(z, zz, C, zt)
         F = float(w @ d)
         for _ in range(max_iter):
             W = np.bincount(a, w, minlength=self.k)
@@ -322,7 +340,7 @@ class KMeansLoss(Loss):
                 return C
             for t in 0.5 ** np.arange(8):
                 Ct = self.project_centres(C - t * step)
-                at, dt = _nearest(z, zz, Ct)
+                at, dt = _nearest(z, zz, Ct, zt)
                 Ft = float(w @ dt)
                 if Ft <= F:
                     break
