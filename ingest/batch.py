@@ -120,7 +120,13 @@ def slice_batch(batch: ReportBatch, start: int, stop: int) -> ReportBatch:
         else:
             cats[name] = np.asarray(col)[start:stop]
     t = None if batch.event_time is None else batch.event_time[start:stop]
-    return ReportBatch(batch.fingerprint, batch.numeric[start:stop], cats, t)
+    # a slice of a validated batch is valid: built without ``__post_init__``'s checks (a windowed
+    # query slices every record into its panes)
+    out = object.__new__(ReportBatch)
+    for name, value in (("fingerprint", batch.fingerprint), ("numeric", batch.numeric[start:stop]),
+                        ("categorical", cats), ("event_time", t)):
+        object.__setattr__(out, name, value)
+    return out
 
 
 def with_event_time(batch: ReportBatch, event_time: np.ndarray) -> ReportBatch:

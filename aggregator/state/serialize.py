@@ -31,6 +31,19 @@ FORMAT_MAGIC = b"LDPS1\n"
 
 def encode_arrays(obj: Any) -> Any:
     """Recursively replace numpy arrays by ``{"__nd__": dtype, "shape": …, "b64": …}`` (little-endian)."""
+    t = type(obj)  # the plain types first, by identity (a closed window pane is serialized per pane)
+    if t is int or t is str or t is bool or obj is None:
+        return obj
+    if t is float:
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    if t is list or t is tuple:
+        return [encode_arrays(v) for v in obj]
+    if t is dict:
+        return {str(k): encode_arrays(v) for k, v in obj.items()}
+    if t is np.ndarray and obj.dtype.kind in "fiub" and obj.dtype.str[0] in "<|":
+        # already little-endian: its bytes as they are (tobytes is C order; the general case below)
+        return {"__nd__": obj.dtype.str, "shape": list(obj.shape),
+                "b64": base64.b64encode(obj.tobytes()).decode()}
     if isinstance(obj, np.ndarray):
         dt = obj.dtype.newbyteorder("<") if obj.dtype.byteorder not in ("|", "=", "<") else obj.dtype
         a = np.ascontiguousarray(obj, dtype=dt.newbyteorder("<") if dt.kind in "fiub" else dt)

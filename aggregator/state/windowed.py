@@ -37,14 +37,22 @@ def window_starts(panes, size_s: int, hop_s: int) -> list[int]:
     return sorted({int(p) - j * hop_s for p in panes for j in range(size_s // hop_s)})
 
 
+def _run(idx: np.ndarray) -> slice | None:
+    """``idx`` (increasing positions) as a slice when it is one run of consecutive positions."""
+    if idx.size and idx[-1] - idx[0] + 1 == idx.size:
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return None
+
+
 def split_rows(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
     """The reports ``idx`` (increasing positions) of ``batch``, as slices of its runs of
     consecutive positions (one slice when ``idx`` is one run: the usual case of reports in
     event-time order)."""
     if idx.size == batch.n:
         return batch
-    if idx.size and idx[-1] - idx[0] + 1 == idx.size:
-        return slice_batch(batch, int(idx[0]), int(idx[-1]) + 1)
+    run = _run(idx)
+    if run is not None:
+        return slice_batch(batch, run.start, run.stop)
     cuts = np.flatnonzero(np.diff(idx) != 1) + 1
     runs = np.split(idx, cuts)
     return concat_batches([slice_batch(batch, int(r[0]), int(r[-1]) + 1) for r in runs])
@@ -159,7 +167,10 @@ class WindowedState(State):
             st = self.panes.get(start)
             if st is None:
                 st = self.panes[start] = self.new_pane()
-            st.update(split_rows(batch, rows), None if x2 is None else x2[rows])
+            if x2 is not None:  # a view of one run of rows (reports in event-time order), else a copy
+                run = _run(rows)
+                sub2 = x2[rows] if run is None else x2[run]
+            st.update(split_rows(batch, rows), None if x2 is None else sub2)
         self._close()
         if n_late:
             self.late += n_late
