@@ -30,97 +30,104 @@ from ingest._numba import jit
 __all__ = ["renew_kmeans_blocks", "warm"]
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_CUT_Z2 = 2.0 * math.log(1e12)
 
 
 @jit(nogil=True, error_model="numpy")
-def _fill(ub, x, cols, shift, scale, start, stop, u):  # pragma: no cover - compiled
+def _fill(ub, x, cols, shift, scale, start, stop, ut):  # pragma: no cover - compiled
     """Rows ``[start, stop)`` of the stream (buffered standardized rows ``ub``, then ``x``
-    standardized) into ``u`` (m, p)."""
+    standardized) into the columns ``ut`` (p, m)."""
     r = ub.shape[0]
-    p = u.shape[1]
+    p = ut.shape[0]
     for s in range(start, stop):
         i = s - start
         if s < r:
             for j in range(p):
-                u[i, j] = ub[s, j]
+                ut[j, i] = ub[s, j]
         else:
             for j in range(p):
-                u[i, j] = (x[s - r, cols[j]] - shift[j]) / scale[j]
+                ut[j, i] = (x[s - r, cols[j]] - shift[j]) / scale[j]
 
 
 @jit(nogil=True, error_model="numpy")
-def _nearest_two(u, C, near, second, gap):  # pragma: no cover - compiled
-    """Per row of ``u``: nearest and second-nearest centre and the gap of their squared distances
-    (``‖x‖² − 2x·c + ‖c‖²``, clipped at 0, as ``mechanisms.mixtures.kmeans.sq_distances``)."""
-    m, p = u.shape
-    k = C.shape[0]
+def _nearest_two(ut, C, cc, xx, dot, d0, d1, near, second):  # pragma: no cover - compiled
+    """Per row (column of ``ut``): nearest and second-nearest centre and their squared distances
+    ``d0 ≤ d1`` (``‖x‖² − 2x·c + ‖c‖²``, clipped at 0, as ``mechanisms.mixtures.kmeans``; the
+    first centre wins a tie). Loops run over the rows, one centre at a time, without branches."""
+    p, m = ut.shape
     for i in range(m):
-        xx = 0.0
+        d0[i] = np.inf
+        d1[i] = np.inf
+        near[i] = 0
+        second[i] = 0
+    for c in range(C.shape[0]):
+        for i in range(m):
+            dot[i] = 0.0
         for j in range(p):
-            xx += u[i, j] * u[i, j]
-        d0 = np.inf
-        d1 = np.inf
-        a = 0
-        b = 0
-        for c in range(k):
-            xc = 0.0
-            cc = 0.0
-            for j in range(p):
-                xc += u[i, j] * C[c, j]
-                cc += C[c, j] * C[c, j]
-            d = xx - 2.0 * xc + cc
-            if d < 0.0:
-                d = 0.0
-            if d < d0:
-                d1, b = d0, a
-                d0, a = d, c
-            elif d < d1:
-                d1, b = d, c
-        near[i] = a
-        second[i] = b
-        gap[i] = abs(d1 - d0) if k > 1 else np.inf
+            cj = C[c, j]
+            for i in range(m):
+                dot[i] += ut[j, i] * cj
+        ccc = cc[c]
+        for i in range(m):
+            v = xx[i] - 2.0 * dot[i] + ccc
+            v = v if v > 0.0 else 0.0
+            a0 = d0[i]
+            lt0 = v < a0
+            lt1 = v < d1[i]
+            d1[i] = a0 if lt0 else (v if lt1 else d1[i])
+            second[i] = near[i] if lt0 else (c if lt1 else second[i])
+            d0[i] = v if lt0 else a0
+            near[i] = c if lt0 else near[i]
 
 
 @jit(nogil=True, error_model="numpy")
-def _add_rows(u, C, wt, h, near, second, gap, Hb, gt, sign):  # pragma: no cover - compiled
-    """Add the rows of one record set with weight ``wt``: their smoothed Hessians into ``Hb``
-    (q, q) and their gradients into ``gt`` (m, q) (``sign`` 0: overwrite, 1: add)."""
-    m, p = u.shape
+def _add_rows(ut, C, cc, wt, h, xx, dot, d0, d1, near, second, gv, G, Hb):  # pragma: no cover
+    """One record set with weight ``wt`` at the centres ``C``: its weighted gradient rows into
+    ``gv`` (p, m) and their sum into ``G``, its smoothed Hessians into ``Hb`` (q, q)."""
+    p, m = ut.shape
     k = C.shape[0]
-    _nearest_two(u, C, near, second, gap)
     for i in range(m):
-        a = near[i]
-        if sign == 0:
-            for j in range(k * p):
-                gt[i, j] = 0.0
+        xx[i] = 0.0
+    for j in range(p):
+        for i in range(m):
+            xx[i] += ut[j, i] * ut[j, i]
+    _nearest_two(ut, C, cc, xx, dot, d0, d1, near, second)
+    for j in range(p):
+        for i in range(m):
+            gv[j, i] = wt * 2.0 * (C[near[i], j] - ut[j, i])
+    for c in range(k):
+        cnt = 0.0
+        for i in range(m):
+            cnt += 1.0 if near[i] == c else 0.0
         for j in range(p):
-            gt[i, a * p + j] += wt * 2.0 * (C[a, j] - u[i, j])
-            Hb[a * p + j, a * p + j] += wt * 2.0
+            acc = 0.0
+            for i in range(m):
+                acc += gv[j, i] if near[i] == c else 0.0
+            G[c * p + j] += acc
+            Hb[c * p + j, c * p + j] += wt * 2.0 * cnt
     if k == 1 or m == 0:
         return
-    kmax = 0.0
+    # the kernel K = φ(S/h)/h of the gap S = d1 − d0; rows with K ≤ 1e-12 of the largest are
+    # left out (as the Python path): z² ≥ z_min² + 2·ln(1e12)
+    zmin = np.inf
     for i in range(m):
-        z = gap[i] / h
-        kv = math.exp(-0.5 * z * z) * _INV_SQRT_2PI / h
-        gap[i] = kv
-        if kv > kmax:
-            kmax = kv
-    if not kmax > 0.0:
-        return
-    cut = 1e-12 * kmax
+        g = d1[i] - d0[i]
+        dot[i] = g
+        zmin = g if g < zmin else zmin
+    z2max = (zmin / h) ** 2 + _CUT_Z2
     for i in range(m):
-        kv = gap[i]
-        if not kv > cut:
+        z = dot[i] / h
+        if not z * z < z2max:
             continue
+        f = 4.0 * wt * math.exp(-0.5 * z * z) * _INV_SQRT_2PI / h
         a = near[i]
         b = second[i]
-        f = 4.0 * kv * wt
         for r in range(p):
-            ua_r = C[a, r] - u[i, r]
-            ub_r = C[b, r] - u[i, r]
+            ua_r = C[a, r] - ut[r, i]
+            ub_r = C[b, r] - ut[r, i]
             for c in range(p):
-                ua_c = C[a, c] - u[i, c]
-                ub_c = C[b, c] - u[i, c]
+                ua_c = C[a, c] - ut[c, i]
+                ub_c = C[b, c] - ut[c, i]
                 Hb[a * p + r, a * p + c] -= f * ua_r * ua_c
                 Hb[b * p + r, b * p + c] -= f * ub_r * ub_c
                 Hb[a * p + r, b * p + c] += f * ua_r * ub_c
@@ -128,29 +135,37 @@ def _add_rows(u, C, wt, h, near, second, gap, Hb, gt, sign):  # pragma: no cover
 
 
 @jit(nogil=True, error_model="numpy")
-def _block_terms(u1, u2, th, k, w1, w2, two, h, near, second, gap, C, gt, G, Hb):  # pragma: no cover
-    """At ``th``: per-row corrected gradients ``gt`` (m, q), their sum ``G`` and the block's
-    corrected smoothed Hessian ``Hb`` (symmetric)."""
+def _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G,
+                 Hb):  # pragma: no cover - compiled
+    """At ``th``: the weighted gradient rows ``g1``/``g2`` (p, m) of both record sets with their
+    nearest centres ``n1``/``n2``, the corrected gradient sum ``G`` and the block's corrected
+    smoothed Hessian ``Hb`` (symmetric)."""
     q = th.shape[0]
-    p = q // k
-    m = u1.shape[0]
+    k, p = C.shape
     for c in range(k):
+        sq = 0.0
         for j in range(p):
             C[c, j] = th[c * p + j]
+            sq += C[c, j] * C[c, j]
+        cc[c] = sq
     Hb[:, :] = 0.0
-    _add_rows(u1, C, w1, h, near, second, gap, Hb, gt, 0)
+    G[:] = 0.0
+    _add_rows(u1, C, cc, w1, h, xx, dot, d0, d1, n1, s2, g1, G, Hb)
     if two:
-        _add_rows(u2, C, w2, h, near, second, gap, Hb, gt, 1)
+        _add_rows(u2, C, cc, w2, h, xx, dot, d0, d1, n2, s2, g2, G, Hb)
     for r in range(q):
         for c in range(r + 1, q):
-            s = 0.5 * (Hb[r, c] + Hb[c, r])
-            Hb[r, c] = s
-            Hb[c, r] = s
-    for j in range(q):
-        acc = 0.0
-        for i in range(m):
-            acc += gt[i, j]
-        G[j] = acc
+            v = 0.5 * (Hb[r, c] + Hb[c, r])
+            Hb[r, c] = v
+            Hb[c, r] = v
+
+
+@jit(nogil=True, error_model="numpy")
+def _add_outer(A, p, a, ga, ia, b, gb, ib):  # pragma: no cover - compiled
+    """``A[block a, block b] += ga[:, ia] gb[:, ib]ᵀ``."""
+    for r in range(p):
+        for c in range(p):
+            A[a * p + r, b * p + c] += ga[r, ia] * gb[c, ib]
 
 
 @jit(nogil=True, error_model="numpy")
@@ -185,13 +200,19 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
     q = theta.shape[0]
     p = q // k
     two = w2 != 0.0
-    u1 = np.empty((block, p))
-    u2 = np.empty((block, p))
-    near = np.empty(block, np.int64)
-    second = np.empty(block, np.int64)
-    gap = np.empty(block)
+    u1 = np.empty((p, block))
+    u2 = np.empty((p, block))
+    g1 = np.empty((p, block))
+    g2 = np.empty((p, block))
+    n1 = np.empty(block, np.int64)
+    n2 = np.empty(block, np.int64)
+    s2 = np.empty(block, np.int64)
+    xx = np.empty(block)
+    dot = np.empty(block)
+    d0 = np.empty(block)
+    d1 = np.empty(block)
     C = np.empty((k, p))
-    gt = np.empty((block, q))
+    cc = np.empty(k)
     G = np.empty(q)
     Hb = np.empty((q, q))
     M = np.empty((q, q))
@@ -205,7 +226,7 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
         n_new = sc[0] + block
         h = bw_c * spread * max(n_new, 1.0) ** (-bw_power)
         th[:] = theta
-        _block_terms(u1, u2, th, k, w1, w2, two, h, near, second, gap, C, gt, G, Hb)
+        _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb)
         for j in range(q):
             for c in range(q):
                 M[j, c] = H[j, c] + Hb[j, c]
@@ -225,7 +246,7 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
             for j in range(p):
                 v = th[c * p + j] - step[c * p + j]
                 th[c * p + j] = min(max(v, box_lo[j]), box_hi[j])
-        _block_terms(u1, u2, th, k, w1, w2, two, h, near, second, gap, C, gt, G, Hb)
+        _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb)
         for j in range(q):
             for c in range(q):
                 M[j, c] = H[j, c] + Hb[j, c]
@@ -233,13 +254,15 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
             H[:, :] = M
         else:
             sc[1] += 1.0
+        # A += Σ_i g_i g_iᵀ, g_i = g1 in block n1[i] + g2 in block n2[i]
         for i in range(block):
-            for j in range(q):
-                gj = gt[i, j]
-                if gj == 0.0:
-                    continue
-                for c in range(q):
-                    A[j, c] += gj * gt[i, c]
+            a = n1[i]
+            _add_outer(A, p, a, g1, i, a, g1, i)
+            if two:
+                b = n2[i]
+                _add_outer(A, p, b, g2, i, b, g2, i)
+                _add_outer(A, p, a, g1, i, b, g2, i)
+                _add_outer(A, p, b, g2, i, a, g1, i)
         theta[:] = th
         sc[0] = n_new
 
