@@ -108,6 +108,13 @@ def encoded_records(pool, per_record: int, k: int) -> list[bytes]:
     return out
 
 
+def stream_records(pool, per_record: int, n_records: int) -> list[bytes]:
+    """The distinct records a stream of ``n_records`` repeats: at least 200, and enough to hold
+    every report of ``pool`` once (at 1 report per record, 200 records repeated would feed the
+    regressions' warm-up fits 200 distinct reports, whose DR objective is unbounded)."""
+    return encoded_records(pool, per_record, min(n_records, max(200, -(-pool.n // per_record))))
+
+
 def raw_produce(
     bootstrap: str,
     topic: str,

@@ -59,6 +59,7 @@ from benchmarks._pipeline_common import (
     raw_produce,
     reap,
     spawn,
+    stream_records,
     wait_files,
     write_pipeline,
 )
@@ -169,7 +170,7 @@ def section_consume(
         cfg_path = write_pipeline(tmp, bootstrap, tag, drop_kinds=drop_kinds)
         cfg = load_config(cfg_path)
         ensure_topics(cfg)
-        values = encoded_records(pool, m, min(n_records, 200))
+        values = stream_records(pool, m, n_records)
         raw_produce(bootstrap, cfg.topics.reports, values, n_records)
         raws, wks, plains = [], [], []
         trim = cfg.worker.malloc_trim_threshold_mib
@@ -483,7 +484,7 @@ def section_latency(
     cfg = load_config(cfg_path)
     ensure_topics(cfg)
     n_records = int(rate * seconds / m)
-    values = encoded_records(pool, m, min(n_records, 200))
+    values = stream_records(pool, m, n_records)
     wp, wf = _run_worker(tmp, cfg_path, tag + ".w", n_records * m)
     boot = "import sys; from aggregator.cli import main; sys.exit(main(sys.argv[1:]))"
     sp = spawn_process([sys.executable, "-c", boot, "serve", "--config", str(cfg_path), "--port", str(port)],

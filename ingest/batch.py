@@ -113,12 +113,7 @@ def slice_batch(batch: ReportBatch, start: int, stop: int) -> ReportBatch:
     """
     if not 0 <= start <= stop <= batch.n:
         raise SchemaError(f"slice must satisfy 0 <= start <= stop <= {batch.n}, got {start}:{stop}")
-    cats: dict[str, CategoricalColumn] = {}
-    for name, col in batch.categorical.items():
-        if isinstance(col, SparseBits):
-            cats[name] = _slice_bits(col, start, stop)
-        else:
-            cats[name] = np.asarray(col)[start:stop]
+    cats = _SlicedColumns(batch.categorical, start, stop) if batch.categorical else {}
     t = None if batch.event_time is None else batch.event_time[start:stop]
     # a slice of a validated batch is valid: built without ``__post_init__``'s checks (a windowed
     # query slices every record into its panes)
@@ -132,6 +127,35 @@ def slice_batch(batch: ReportBatch, start: int, stop: int) -> ReportBatch:
 def with_event_time(batch: ReportBatch, event_time: np.ndarray) -> ReportBatch:
     """``batch`` with its event times set to ``event_time`` (int64 Unix seconds, shape (n,))."""
     return ReportBatch(batch.fingerprint, batch.numeric, batch.categorical, event_time)
+
+
+class _SlicedColumns(Mapping):
+    """The categorical columns of a slice, each cut from its parent's on first access (a windowed
+    query slices every record into its panes and reads one column of each, if any)."""
+
+    __slots__ = ("_cache", "_parent", "_start", "_stop")
+
+    def __init__(self, parent: Mapping, start: int, stop: int) -> None:
+        self._parent, self._start, self._stop = parent, start, stop
+        self._cache: dict[str, CategoricalColumn] = {}
+
+    def __getitem__(self, name: str) -> CategoricalColumn:
+        col = self._cache.get(name)
+        if col is None:
+            col = self._parent[name]
+            col = (_slice_bits(col, self._start, self._stop) if isinstance(col, SparseBits)
+                   else np.asarray(col)[self._start:self._stop])
+            self._cache[name] = col
+        return col
+
+    def __iter__(self):
+        return iter(self._parent)
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(repr(k) for k in self)}: sliced {self._start}:{self._stop}}}"
 
 
 def _slice_bits(col: SparseBits, start: int, stop: int) -> SparseBits:
