@@ -6,6 +6,9 @@ of serve"; the estimators: docs/mechanisms.md §6).
 * :class:`EstimateStore` keeps the latest checkpoint per ``"<pipeline>/<partition>"`` key of the
   state topic — a background thread reads it with a group-less consumer assigned to every
   partition from the beginning — and recomputes the merged estimates and the Prometheus gauges.
+  A query whose estimate is a batch fit (a renewable query still in its warm-up) is estimated on
+  a second thread, so that a slow fit does not hold up the other queries' estimates; until it is
+  done its entry is the previous one with ``"pending": true``.
 * :func:`build_app` is a read-only starlette app: ``GET /estimates``, ``GET /estimates/{query}``,
   ``GET /privacy``, ``GET /healthz`` (liveness), ``GET /readyz`` (readiness), ``GET /metrics``.
   Other methods get 405; errors are JSON (never a traceback).
@@ -152,6 +155,12 @@ class EstimateStore:
     window_idle_timeout_s : float
         A caught-up partition without a new checkpoint for this long is idle (> 0;
         docs/windows.md §4).
+    background : bool or None
+        Estimate a query whose ``costly_estimate`` is true (its estimate is a batch fit: a
+        renewable query in its warm-up) on the ``ldp-estimate`` thread; meanwhile its entry is
+        the previous one (or a placeholder with ``error``) with ``"pending": true``. ``None``:
+        when there is a ``reader`` (a store fed by hand computes everything in
+        :meth:`set_checkpoints`). :meth:`wait_estimates` waits for them.
 
     Attributes
     ----------
@@ -166,7 +175,8 @@ class EstimateStore:
 
     def __init__(self, runtime, reader: StateTopicReader | None = None, metrics: ServeMetrics | None = None,
                  refresh_interval_s: float = 1.0, stale_after_s: float = 60.0, *,
-                 reports_topic: str | None = None, window_idle_timeout_s: float = 300.0) -> None:
+                 reports_topic: str | None = None, window_idle_timeout_s: float = 300.0,
+                 background: bool | None = None) -> None:
         if not (isinstance(refresh_interval_s, int | float) and refresh_interval_s > 0):
             raise ConfigError(f"refresh_interval_s must be > 0 seconds, got {refresh_interval_s!r}")
         if not (isinstance(stale_after_s, int | float) and stale_after_s > refresh_interval_s):
@@ -193,6 +203,12 @@ class EstimateStore:
         self._thread: threading.Thread | None = None
         self.last_refresh: float | None = None
         self.last_error: str | None = None
+        self.background = reader is not None if background is None else bool(background)
+        self._idle = threading.Condition(self._lock)
+        self._seq = 0  # numbers the merged states queued for a late estimate
+        self._wanted: dict[str, tuple[int, Any]] = {}  # query → the newest state to estimate late
+        self._late: dict[str, tuple[int, dict]] = {}  # query → the last estimate computed late
+        self._running: set[str] = set()
 
     # -------------------------------------------------------------------------------- refresh
     def set_checkpoints(self, raw: Mapping[bytes, bytes], offsets: Mapping[bytes, int] | None = None) -> None:
@@ -263,7 +279,7 @@ class EstimateStore:
                        f"restored with this config ({unusable[0][1]}); if the queries changed, the "
                        "workers rebuild them from the earliest offset (docs/deploy.md, \"Changing "
                        "the queries\")")
-        estimates = {}
+        estimates, late = {}, {}
         for name in self.runtime.queries or merged:
             if name in windows:  # the latest final window (docs/windows.md §4)
                 est = latest_final(windows[name])
@@ -271,22 +287,70 @@ class EstimateStore:
                     self.metrics.set_window(name, est)
                 else:
                     self.metrics.clear_window(name)
+            elif name in merged and self.background and getattr(merged[name], "costly_estimate", False):
+                est, late[name] = self._estimate_late(name, merged[name])
             else:
                 est = (estimate_payload(name, merged[name]) if name in merged
                        else {"query": name, "n": 0, "error": missing})
-                if "error" not in est:
-                    self.metrics.set_estimate(name, est)
-                else:
-                    self.metrics.reports.labels(query=name).set(est.get("n", 0))
+                self._publish_metrics(name, est)
             estimates[name] = est
             self.metrics.partitions.labels(query=name).set(len(info["partitions"]))
         with self._lock:
+            for name, seq in late.items():  # it may have landed while the others were computed
+                if self._late.get(name, (-1,))[0] == seq:
+                    estimates[name] = self._late[name][1]
             self._estimates = estimates
             self._windows = windows
             self._info = info
             self.last_refresh = time.time()
         if self.reader is None:  # fed by hand: the caller's checkpoints are the whole topic
             self._contact(loaded=True)
+
+    def _publish_metrics(self, name: str, est: dict) -> None:
+        if "error" not in est:
+            self.metrics.set_estimate(name, est)
+        else:
+            self.metrics.reports.labels(query=name).set(est.get("n", 0))
+
+    def _estimate_late(self, name: str, state) -> tuple[dict, int]:
+        """Queue ``state`` (the newest merged state of ``name``) for the ``ldp-estimate`` thread;
+        return the entry to serve meanwhile (the last one, marked ``"pending": true``) and the
+        queued state's number."""
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            self._wanted[name] = (seq, state)
+            start = name not in self._running
+            self._running.add(name)
+            prev = self._late.get(name, (0, None))[1]
+        if start:
+            threading.Thread(target=self._late_loop, args=(name,), name="ldp-estimate", daemon=True).start()
+        if prev is None:
+            prev = {"query": name, "n": int(getattr(state, "n", 0)),
+                    "error": "the estimate (a batch fit of the reports of the warm-up) is being computed"}
+        return {**prev, "pending": True}, seq
+
+    def _late_loop(self, name: str) -> None:
+        """Estimate ``name``'s newest queued state until none is queued (one thread per query at
+        a time; a state queued meanwhile replaces the one waiting)."""
+        while True:
+            with self._lock:
+                seq, state = self._wanted.pop(name, (0, None))
+                if state is None or self._stop.is_set():
+                    self._running.discard(name)
+                    self._idle.notify_all()
+                    return
+            est = estimate_payload(name, state)
+            self._publish_metrics(name, est)
+            with self._lock:
+                self._late[name] = (seq, est)
+                if name not in self._wanted and name in self._estimates:  # the newest: serve it
+                    self._estimates = {**self._estimates, name: est}
+
+    def wait_estimates(self, timeout_s: float = 30.0) -> bool:
+        """Wait until no estimate is being computed late (``background``); False on timeout."""
+        with self._lock:
+            return self._idle.wait_for(lambda: not self._running, timeout=timeout_s)
 
     def _contact(self, loaded: bool = False) -> None:
         """Record an answer of the broker (and, with ``loaded``, a full read of the topic)."""
@@ -297,12 +361,14 @@ class EstimateStore:
         self.metrics.state_contact.set(now)
 
     def refresh(self, timeout_s: float = 30.0) -> None:
-        """Read the state topic to its end and recompute (synchronously)."""
+        """Read the state topic to its end and recompute (synchronously: waits up to
+        ``timeout_s`` more for the estimates computed late)."""
         if self.reader is None:
             raise AggregatorError("EstimateStore has no state-topic reader")
         self.reader.catch_up(timeout_s)
         self._refresh_ends()
         self.set_checkpoints(dict(self.reader.latest), dict(self.reader.offsets))
+        self.wait_estimates(timeout_s)
         self._contact(loaded=True)
 
     def _refresh_ends(self) -> None:
@@ -372,7 +438,8 @@ class EstimateStore:
         return self
 
     def stop(self) -> None:
-        """Stop the background thread and close the reader."""
+        """Stop the background thread and close the reader (an estimate being computed late
+        finishes on its daemon thread; nothing new starts)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

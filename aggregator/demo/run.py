@@ -580,14 +580,14 @@ def _wait_final(serve_url: str, n_total: int, timeout: float) -> tuple[dict, dic
     returns ``(estimates, not_ready)`` as :func:`_split_payload`."""
     deadline = time.monotonic() + timeout
     est: dict = {}
-    pending: dict = {}
+    not_ready: dict = {}
     while time.monotonic() < deadline:
         with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
-            est, pending = _split_payload(_http_json(serve_url + "/estimates"))
+            est, not_ready = _split_payload(_http_json(serve_url + "/estimates"))
             # a windowed query's entry is its latest window, not every report
-            entries = [e for e in (*est.values(), *pending.values()) if "window" not in e]
-            if entries and all(int(e.get("n") or 0) >= n_total for e in entries):
-                return est, pending
+            entries = [e for e in (*est.values(), *not_ready.values()) if "window" not in e]
+            if entries and all(int(e.get("n") or 0) >= n_total and not e.get("pending") for e in entries):
+                return est, not_ready
         time.sleep(0.3)
     log.warning("serve did not reach n=%d for every query within %.0f s", n_total, timeout)
-    return est, pending
+    return est, not_ready

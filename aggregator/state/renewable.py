@@ -407,6 +407,12 @@ class RenewableState(State):
                                   "reports are needed")
         return fit
 
+    @property
+    def costly_estimate(self) -> bool:
+        """True while :meth:`estimate` runs a batch fit (no fit yet: the buffered reports of the
+        warm-up are fitted on every call); serve then computes it off its refresh thread."""
+        return self.fit is None and self.buf1.shape[0] > 0
+
     def estimate(self) -> Estimate:
         """Estimate in original units with Wald intervals from ``Cov = H⁻¹AH⁻¹``.
 

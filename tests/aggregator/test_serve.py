@@ -251,3 +251,119 @@ def test_checkpoints_of_another_query_set_are_not_used_as_the_workers_do(runtime
         assert est["n"] == 0, est
         assert "checkpoint of partition 0 holds queries" in est["error"]
         assert "the config has" in est["error"]
+
+
+_WARM_UP = """
+[[queries]]
+kind = "logistic_regression"
+name = "late_arrival_logit"
+covariates = ["hour", "distance"]
+label = "arr_delay"
+threshold = 15.0
+estimator = "dr"
+"""
+
+
+@pytest.fixture(scope="module")
+def warming(runtime):
+    """A runtime with a renewable query, and its two partition checkpoints of 4000 reports each
+    (the query still in its warm-up), with the single-pass reference states."""
+    text = (f'[pipeline]\nname = "flights"\nschema = "{ps.SCHEMA}"\n'
+            '[kafka]\nbootstrap_servers = "127.0.0.1:9"\n')
+    rt = PipelineRuntime.from_config(PipelineConfig.from_dict(tomllib.loads(text + ps.QUERIES + _WARM_UP)))
+    records = ps.make_records(rt.schema, n_records=8, per_record=1000, seed=6)
+    by_part = {0: records[:4], 1: records[4:]}
+    cks = {}
+    for p, recs in by_part.items():
+        st = PartitionState(p, len(recs), rt.new_states(), reports=1000 * len(recs))
+        for r in recs:
+            b = rt.decode(r)
+            x2 = rt.double(b, r)
+            for s in st.states.values():
+                s.update(b, x2)
+        cks[Checkpoint(rt.name, p, 0, 0, b"").key] = st.to_checkpoint(rt).to_bytes()
+    return rt, cks, ps.reference_pass(rt, by_part)
+
+
+def _costly(states) -> list[str]:
+    return sorted(n for n, st in states.items() if getattr(st, "costly_estimate", False))
+
+
+def _gated(monkeypatch, gate: threading.Event, calls: list):
+    """estimate_payload with the costly estimates held until ``gate`` is set (``calls`` counts them)."""
+    from aggregator import serve as serve_mod
+
+    real = serve_mod.estimate_payload
+
+    def payload(name, state):
+        if getattr(state, "costly_estimate", False):
+            calls.append((name, state.n))
+            assert gate.wait(20), "the test's gate was never opened"
+        return real(name, state)
+
+    monkeypatch.setattr(serve_mod, "estimate_payload", payload)
+    return real
+
+
+def test_warm_up_fits_are_estimated_off_the_refresh_thread(warming, monkeypatch):
+    runtime, raw, want = warming
+    costly = _costly(want)
+    assert costly, "the fixture's renewable queries should still be in their warm-up"
+    gate, calls = threading.Event(), []
+    real = _gated(monkeypatch, gate, calls)
+    store = EstimateStore(runtime, background=True)
+    store.set_checkpoints(raw)  # returns while the warm-up fits wait at the gate
+    est = store.estimates()
+    for name in want:
+        if name in costly:
+            assert est[name]["pending"] is True and "being computed" in est[name]["error"]
+            assert est[name]["n"] == want[name].n
+        else:
+            assert "pending" not in est[name] and "error" not in est[name], est[name]
+    assert not store.wait_estimates(0.05)
+    gate.set()
+    assert store.wait_estimates(20)
+    est = store.estimates()
+    for name in costly:
+        expect = real(name, want[name])
+        assert "pending" not in est[name] and est[name]["n"] == want[name].n
+        np.testing.assert_allclose(est[name]["value"], expect["value"], rtol=1e-12)
+    assert sorted(n for n, _ in calls) == costly
+
+
+def test_a_late_estimate_serves_the_last_one_and_then_the_newest_state(warming, monkeypatch):
+    runtime, raw, want = warming
+    costly = _costly(want)
+    first = {k: v for k, v in raw.items() if Checkpoint.from_bytes(v).partition == 0}
+    gate, calls = threading.Event(), []
+    _gated(monkeypatch, gate, calls)
+    store = EstimateStore(runtime, background=True)
+    gate.set()
+    store.set_checkpoints(first)
+    assert store.wait_estimates(20)
+    n0 = {name: store.estimates()[name]["n"] for name in costly}
+    assert all("error" not in store.estimates()[name] for name in costly)
+    gate.clear()
+    calls.clear()
+    for _ in range(3):  # three refreshes while the first late estimate waits: the last state wins
+        store.set_checkpoints(raw)
+        for name in costly:
+            e = store.estimates()[name]
+            assert e["pending"] is True and e["n"] == n0[name] and "value" in e  # the last estimate
+    gate.set()
+    assert store.wait_estimates(20)
+    for name in costly:
+        e = store.estimates()[name]
+        assert "pending" not in e and e["n"] == want[name].n
+    # per query: the state queued first, then only the newest of the three refreshes
+    assert sorted(calls) == sorted([(name, want[name].n) for name in costly] * 2)
+
+
+def test_a_store_fed_by_hand_estimates_everything_at_once(warming):
+    runtime, raw, want = warming
+    assert _costly(want)
+    store = EstimateStore(runtime)
+    assert not store.background
+    store.set_checkpoints(raw)
+    assert all("pending" not in e and "error" not in e for e in store.estimates().values())
+    assert EstimateStore(runtime, _StubReader(raw)).background
