@@ -161,11 +161,20 @@ def _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2,
 
 
 @jit(nogil=True, error_model="numpy")
-def _add_outer(A, p, a, ga, ia, b, gb, ib):  # pragma: no cover - compiled
-    """``A[block a, block b] += ga[:, ia] gb[:, ib]ᵀ``."""
-    for r in range(p):
-        for c in range(p):
-            A[a * p + r, b * p + c] += ga[r, ia] * gb[c, ib]
+def _add_gradient_outer(A, p, n1, g1, n2, g2, two, GT):  # pragma: no cover - compiled
+    """``A += Σ_i g_i g_iᵀ`` with ``g_i`` = ``g1[:, i]`` in block ``n1[i]`` plus (``two``)
+    ``g2[:, i]`` in block ``n2[i]``: the ``g_i`` are written as the columns of ``GT`` (q, m) and
+    summed by one matrix product (scattered per-row updates of A ran ≈ 4× slower)."""
+    m = n1.shape[0]
+    GT[:, :] = 0.0
+    for j in range(p):
+        for i in range(m):
+            GT[n1[i] * p + j, i] += g1[j, i]
+    if two:
+        for j in range(p):
+            for i in range(m):
+                GT[n2[i] * p + j, i] += g2[j, i]
+    A += np.dot(GT, GT.T)
 
 
 @jit(nogil=True, error_model="numpy")
@@ -219,6 +228,7 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
     L = np.empty((q, q))
     step = np.empty(q)
     th = np.empty(q)
+    GT = np.empty((q, block))
     for start in range(0, full, block):
         _fill(ub1, x1, cols, shift, scale, start, start + block, u1)
         if two:
@@ -254,15 +264,7 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
             H[:, :] = M
         else:
             sc[1] += 1.0
-        # A += Σ_i g_i g_iᵀ, g_i = g1 in block n1[i] + g2 in block n2[i]
-        for i in range(block):
-            a = n1[i]
-            _add_outer(A, p, a, g1, i, a, g1, i)
-            if two:
-                b = n2[i]
-                _add_outer(A, p, b, g2, i, b, g2, i)
-                _add_outer(A, p, a, g1, i, b, g2, i)
-                _add_outer(A, p, b, g2, i, a, g1, i)
+        _add_gradient_outer(A, p, n1, g1, n2, g2, two, GT)
         theta[:] = th
         sc[0] = n_new
 
