@@ -7,7 +7,7 @@ Run ``python -m benchmarks.windows [--quick]``; prints Markdown tables and write
 
 * **throughput**: 1000-report records whose event times keep increasing (the 10⁵-flight pool
   repeats, shifted by its span each time: ≈ 3 years of daily windows close during 10⁶ reports);
-  alternating passes of one worker with the demo's seven cumulative queries and one with the
+  alternating passes of one worker with the demo's eight cumulative queries and one with the
   two windowed queries added (``arr_delay_mean_daily``, ``carrier_weekly``), each over the same
   topic in a fresh group. Reported: rates per pass and the median of the paired ratios (with /
   without, run back to back).
