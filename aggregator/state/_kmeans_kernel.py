@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from aggregator.state._renewable_kernel import chol_solve
+from aggregator.state._renewable_kernel import add_if_positive_definite, guarded_step
 from ingest._numba import jit
 
 __all__ = ["renew_kmeans_blocks", "warm"]
@@ -237,19 +237,8 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
         h = bw_c * spread * max(n_new, 1.0) ** (-bw_power)
         th[:] = theta
         _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb)
-        for j in range(q):
-            for c in range(q):
-                M[j, c] = H[j, c] + Hb[j, c]
-        if not chol_solve(M, G, L, step):
-            sc[1] += 1.0
-            M[:, :] = H
-            chol_solve(M, G, L, step)  # H is positive definite (the fit's invariant)
-        finite = True
-        for j in range(q):
-            if not math.isfinite(step[j]):
-                finite = False
-        if not finite:  # a block the fit cannot take: skipped, its reports counted
-            sc[1] += 1.0
+        if not guarded_step(H, Hb, G, M, L, step, sc):  # a block the fit cannot take: skipped
+            sc[1] += 1.0  # (its reports counted)
             sc[0] = n_new
             continue
         for c in range(k):
@@ -257,13 +246,7 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
                 v = th[c * p + j] - step[c * p + j]
                 th[c * p + j] = min(max(v, box_lo[j]), box_hi[j])
         _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb)
-        for j in range(q):
-            for c in range(q):
-                M[j, c] = H[j, c] + Hb[j, c]
-        if chol_solve(M, G, L, step):  # the test of positive definiteness; the solution is unused
-            H[:, :] = M
-        else:
-            sc[1] += 1.0
+        add_if_positive_definite(H, Hb, G, M, L, step, sc)
         _add_gradient_outer(A, p, n1, g1, n2, g2, two, GT)
         theta[:] = th
         sc[0] = n_new

@@ -67,6 +67,39 @@ def chol_solve(M, rhs, L, out):  # pragma: no cover - compiled
 
 
 @jit(nogil=True, error_model="numpy")
+def guarded_step(H, Hb, G, M, L, step, sc):  # pragma: no cover - compiled
+    """The renewal's Newton step ``(H + Ĥ_b)⁻¹ G`` into ``step``, or ``H⁻¹ G`` where ``H + Ĥ_b``
+    is not positive definite (``sc[1]`` counts it; ``M`` holds the matrix used). Returns whether
+    the step is finite (docs/mechanisms.md §6.6)."""
+    q = H.shape[0]
+    for j in range(q):
+        for k in range(q):
+            M[j, k] = H[j, k] + Hb[j, k]
+    if not chol_solve(M, G, L, step):
+        sc[1] += 1.0
+        M[:, :] = H
+        chol_solve(M, G, L, step)  # H is positive definite (the fit's invariant)
+    for j in range(q):
+        if not math.isfinite(step[j]):
+            return False
+    return True
+
+
+@jit(nogil=True, error_model="numpy")
+def add_if_positive_definite(H, Hb, G, M, L, step, sc):  # pragma: no cover - compiled
+    """``H += Ĥ_b`` when the sum stays positive definite, else count the block in ``sc[1]``
+    (``G``, ``M``, ``L``, ``step`` are scratch)."""
+    q = H.shape[0]
+    for j in range(q):
+        for k in range(q):
+            M[j, k] = H[j, k] + Hb[j, k]
+    if chol_solve(M, G, L, step):  # the test of positive definiteness; the solution is unused
+        H[:, :] = M
+    else:
+        sc[1] += 1.0
+
+
+@jit(nogil=True, error_model="numpy")
 def _block_terms(z1, y1, z2, y2, th, a, b, two, code, tau, hmode, bw, e1, g1, h1, e2, g2, h2, w, xt,
                  bits, gt, G, Hb):  # pragma: no cover - compiled
     """At ``th``: per-row corrected gradients ``gt`` (q, m), their sum ``G`` and the block's
@@ -177,16 +210,7 @@ def renew_blocks(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_
                 for k in range(q):
                     acc += H[j, k] * (th[k] - th0[k])
                 G[j] = acc
-                for k in range(q):
-                    M[j, k] = H[j, k] + Hb[j, k]
-            if not chol_solve(M, G, L, step):
-                sc[1] += 1.0
-                M[:, :] = H
-                chol_solve(M, G, L, step)  # H is positive definite (the fit's invariant)
-            finite = True
-            for j in range(q):
-                if not math.isfinite(step[j]):
-                    finite = False
+            finite = guarded_step(H, Hb, G, M, L, step, sc)
             if not finite:
                 break
             if smooth:
@@ -203,13 +227,7 @@ def renew_blocks(ub1, x1, ub2, x2, cols, shift, scale, intercept, label_mode, t_
             sc[1] += 1.0
             sc[0] = n_new
             continue
-        for j in range(q):
-            for k in range(q):
-                M[j, k] = H[j, k] + Hb[j, k]
-        if chol_solve(M, G, L, step):  # the test of positive definiteness; the solution is unused
-            H[:, :] = M
-        else:
-            sc[1] += 1.0
+        add_if_positive_definite(H, Hb, G, M, L, step, sc)
         for j in range(q):
             for k in range(j, q):
                 s = dot(gt[j], gt[k])

@@ -64,3 +64,16 @@ def split(batch: ReportBatch, x2: np.ndarray, at: int):
             cat[k] = col.take(rows) if hasattr(col, "take") else col[rows]
         parts.append((ReportBatch(batch.fingerprint, batch.numeric[rows], cat), x2[rows]))
     return parts
+
+
+def stream_state(qd: dict, schema, python: bool, chunks):
+    """Build the state of query dict ``qd`` and update it with each ``(batch, x2)`` of ``chunks``;
+    ``python`` forces a renewable state's Python path (``state._kernel = None``)."""
+    from aggregator.state import build_state
+
+    st = build_state(qd, schema)
+    if python:
+        st._kernel = None
+    for b, x2 in chunks:
+        st.update(b, x2)
+    return st

@@ -11,6 +11,7 @@ import pytest
 
 from aggregator.state import build_state
 from ingest.batch import slice_batch
+from tests.aggregator._state_support import stream_state
 from tests.aggregator.test_mixture_state import _reports, _schema
 
 SCHEMA = _schema()
@@ -33,12 +34,7 @@ def _chunks(n: int, seed: int):
 
 
 def _stream(qd, python: bool, chunks):
-    st = build_state(qd, SCHEMA)
-    if python:
-        st._kernel = None
-    for b, x2 in chunks:
-        st.update(b, x2)
-    return st
+    return stream_state(qd, SCHEMA, python, chunks)
 
 
 @pytest.mark.parametrize("qd", [KM3, KM2_NAIVE, KM1], ids=["dr-k3", "naive-k2", "dr-k1"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from aggregator.state import build_state
-from tests.aggregator._state_support import make_batch, make_schema, split
+from tests.aggregator._state_support import make_batch, make_schema, split, stream_state
 
 SCHEMA = make_schema()
 OPTS = {"warm_up": 1000, "batch_size": 100}
@@ -38,12 +38,7 @@ def _chunks(n: int, seed: int, cuts=CUTS):
 
 
 def _stream(qd, python: bool, chunks):
-    st = build_state(qd, SCHEMA)
-    if python:
-        st._kernel = None
-    for b, x2 in chunks:
-        st.update(b, x2)
-    return st
+    return stream_state(qd, SCHEMA, python, chunks)
 
 
 def _assert_same_fit(fast, slow, rtol):

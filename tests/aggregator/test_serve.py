@@ -25,20 +25,25 @@ def runtime():
     return PipelineRuntime.from_config(PipelineConfig.from_dict(tomllib.loads(text + ps.available_queries())))
 
 
-@pytest.fixture(scope="module")
-def checkpoints(runtime):
-    records = ps.make_records(runtime.schema, n_records=8, per_record=40, seed=5)
-    by_part = {0: records[:3], 1: records[3:]}
+def _partition_checkpoints(runtime, by_part: dict, per_record: int) -> dict:
+    """``{state key: checkpoint bytes}`` of each partition's records folded into fresh states."""
     cks = {}
     for p, recs in by_part.items():
-        st = PartitionState(p, len(recs), runtime.new_states(), reports=40 * len(recs))
+        st = PartitionState(p, len(recs), runtime.new_states(), reports=per_record * len(recs))
         for r in recs:
             b = runtime.decode(r)
             x2 = runtime.double(b, r)
             for s in st.states.values():
                 s.update(b, x2)
         cks[Checkpoint(runtime.name, p, 0, 0, b"").key] = st.to_checkpoint(runtime).to_bytes()
-    return cks, ps.reference_pass(runtime, by_part)
+    return cks
+
+
+@pytest.fixture(scope="module")
+def checkpoints(runtime):
+    records = ps.make_records(runtime.schema, n_records=8, per_record=40, seed=5)
+    by_part = {0: records[:3], 1: records[3:]}
+    return _partition_checkpoints(runtime, by_part, 40), ps.reference_pass(runtime, by_part)
 
 
 def test_merge_checkpoints_equals_single_pass(runtime, checkpoints):
@@ -273,16 +278,7 @@ def warming(runtime):
     rt = PipelineRuntime.from_config(PipelineConfig.from_dict(tomllib.loads(text + ps.QUERIES + _WARM_UP)))
     records = ps.make_records(rt.schema, n_records=8, per_record=1000, seed=6)
     by_part = {0: records[:4], 1: records[4:]}
-    cks = {}
-    for p, recs in by_part.items():
-        st = PartitionState(p, len(recs), rt.new_states(), reports=1000 * len(recs))
-        for r in recs:
-            b = rt.decode(r)
-            x2 = rt.double(b, r)
-            for s in st.states.values():
-                s.update(b, x2)
-        cks[Checkpoint(rt.name, p, 0, 0, b"").key] = st.to_checkpoint(rt).to_bytes()
-    return rt, cks, ps.reference_pass(rt, by_part)
+    return rt, _partition_checkpoints(rt, by_part, 1000), ps.reference_pass(rt, by_part)
 
 
 def _costly(states) -> list[str]:
