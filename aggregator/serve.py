@@ -296,13 +296,16 @@ class EstimateStore:
             estimates[name] = est
             self.metrics.partitions.labels(query=name).set(len(info["partitions"]))
         with self._lock:
-            for name, seq in late.items():  # it may have landed while the others were computed
-                if self._late.get(name, (-1,))[0] == seq:
-                    estimates[name] = self._late[name][1]
+            landed = [name for name, seq in late.items()  # while the others were computed
+                      if self._late.get(name, (-1,))[0] == seq]
+            for name in landed:
+                estimates[name] = self._late[name][1]
             self._estimates = estimates
             self._windows = windows
             self._info = info
             self.last_refresh = time.time()
+        for name in landed:
+            self._publish_metrics(name, estimates[name])
         if self.reader is None:  # fed by hand: the caller's checkpoints are the whole topic
             self._contact(loaded=True)
 
@@ -341,11 +344,15 @@ class EstimateStore:
                     self._idle.notify_all()
                     return
             est = estimate_payload(name, state)
-            self._publish_metrics(name, est)
             with self._lock:
                 self._late[name] = (seq, est)
-                if name not in self._wanted and name in self._estimates:  # the newest: serve it
+                # serve it if no newer state waits and the entry served is still a pending one (a
+                # refresh that estimated the query at once, its warm-up done, is newer than this)
+                serve = name not in self._wanted and self._estimates.get(name, {}).get("pending", False)
+                if serve:
                     self._estimates = {**self._estimates, name: est}
+            if serve:
+                self._publish_metrics(name, est)
 
     def wait_estimates(self, timeout_s: float = 30.0) -> bool:
         """Wait until no estimate is being computed late (``background``); False on timeout."""

@@ -324,6 +324,7 @@ def test_warm_up_fits_are_estimated_off_the_refresh_thread(warming, monkeypatch)
         expect = real(name, want[name])
         assert "pending" not in est[name] and est[name]["n"] == want[name].n
         np.testing.assert_allclose(est[name]["value"], expect["value"], rtol=1e-12)
+        assert _reports_gauge(store, name) == want[name].n
     assert sorted(n for n, _ in calls) == costly
 
 
@@ -353,6 +354,44 @@ def test_a_late_estimate_serves_the_last_one_and_then_the_newest_state(warming, 
         assert "pending" not in e and e["n"] == want[name].n
     # per query: the state queued first, then only the newest of the three refreshes
     assert sorted(calls) == sorted([(name, want[name].n) for name in costly] * 2)
+
+
+def _reports_gauge(store, name: str) -> float:
+    from prometheus_client import generate_latest
+
+    from aggregator.metrics import metric_value
+
+    return metric_value(generate_latest(store.metrics.registry).decode(), "ldp_estimate_reports",
+                        f'query="{name}"')
+
+
+def test_a_late_estimate_does_not_replace_a_newer_one_computed_at_once(warming, monkeypatch):
+    """The warm-up ends between two refreshes: the second estimates the query at once, and the
+    late fit of the first, landing after it, is not served over it (nor published)."""
+    from aggregator.state.renewable import RenewableState
+
+    runtime, raw, want = warming
+    costly = _costly(want)
+    first = {k: v for k, v in raw.items() if Checkpoint.from_bytes(v).partition == 0}
+    n_first = sum(Checkpoint.from_bytes(v).reports for v in first.values())
+    # "in its warm-up" up to the first partition's reports only
+    monkeypatch.setattr(RenewableState, "costly_estimate", property(lambda self: self.n <= n_first))
+    gate, calls = threading.Event(), []
+    _gated(monkeypatch, gate, calls)
+    store = EstimateStore(runtime, background=True)
+    store.set_checkpoints(first)  # late, held at the gate
+    store.set_checkpoints(raw)  # at once: n of both partitions
+    for name in costly:
+        e = store.estimates()[name]
+        assert "pending" not in e and e["n"] == want[name].n
+        assert _reports_gauge(store, name) == want[name].n
+    gate.set()
+    assert store.wait_estimates(20)
+    assert sorted(calls) == sorted((name, n_first) for name in costly)
+    for name in costly:
+        e = store.estimates()[name]
+        assert "pending" not in e and e["n"] == want[name].n
+        assert _reports_gauge(store, name) == want[name].n
 
 
 def test_a_store_fed_by_hand_estimates_everything_at_once(warming):
