@@ -88,7 +88,8 @@ def guarded_step(H, Hb, G, M, L, step, sc):  # pragma: no cover - compiled
 @jit(nogil=True, error_model="numpy")
 def add_if_positive_definite(H, Hb, G, M, L, step, sc):  # pragma: no cover - compiled
     """``H += Ĥ_b`` when the sum stays positive definite, else count the block in ``sc[1]``
-    (``G``, ``M``, ``L``, ``step`` are scratch)."""
+    (the test is a Cholesky solve for the right-hand side ``G``, read only; ``M``, ``L``,
+    ``step`` are scratch)."""
     q = H.shape[0]
     for j in range(q):
         for k in range(q):
