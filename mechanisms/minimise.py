@@ -21,8 +21,6 @@ from mechanisms.corrected import CorrectedLoss, corrected_loss
 __all__ = ["minimise"]
 
 
-
-
 def minimise(closs: CorrectedLoss, x1, x2, t0) -> tuple[np.ndarray, bool, str]:
     """Minimise ``closs`` over θ on x₁ (and x₂ for DR/SL/SDR) from ``t0`` (None: the loss's
     initial θ, refined by a naive pilot fit for the corrected methods).
