@@ -81,9 +81,14 @@ def _nearest_two(ut, C, cc, xx, dot, d0, d1, near, second):  # pragma: no cover 
 
 
 @jit(nogil=True, error_model="numpy")
-def _add_rows(ut, C, cc, wt, h, xx, dot, d0, d1, near, second, gv, G, Hb):  # pragma: no cover
+def _add_rows(ut, C, cc, wt, h, xx, dot, d0, d1, near, second, gv, G, Hb, W, idx):  # pragma: no cover
     """One record set with weight ``wt`` at the centres ``C``: its weighted gradient rows into
-    ``gv`` (p, m) and their sum into ``G``, its smoothed Hessians into ``Hb`` (q, q)."""
+    ``gv`` (p, m) and their sum into ``G``, its smoothed Hessians into ``Hb`` (q, q); ``W``
+    (m, q) and ``idx`` (m,) are scratch.
+
+    The kernel terms of a row are ``−f V Vᵀ`` with ``V = e_a ⊗ u_a − e_b ⊗ u_b`` and ``f = 4·wt·K``:
+    the rows near a cell boundary are written as ``√|f| V`` into the rows of ``W`` and summed by
+    one matrix product (four scattered p × p updates per row ran ≈ 5× slower)."""
     p, m = ut.shape
     k = C.shape[0]
     for i in range(m):
@@ -108,35 +113,44 @@ def _add_rows(ut, C, cc, wt, h, xx, dot, d0, d1, near, second, gv, G, Hb):  # pr
     if k == 1 or m == 0:
         return
     # the kernel K = φ(S/h)/h of the gap S = d1 − d0; rows with K ≤ 1e-12 of the largest are
-    # left out (as the Python path): z² ≥ z_min² + 2·ln(1e12)
+    # left out (as the Python path)
     zmin = np.inf
     for i in range(m):
         g = d1[i] - d0[i]
         dot[i] = g
         zmin = g if g < zmin else zmin
-    z2max = (zmin / h) ** 2 + _CUT_Z2
+    # the kept rows' indices into ``idx``, without a branch per row: S² < S_min² + h²·2·ln(1e12)
+    g2max = zmin * zmin + h * h * _CUT_Z2
+    kept = 0
     for i in range(m):
-        z = dot[i] / h
-        if not z * z < z2max:
-            continue
-        f = 4.0 * wt * math.exp(-0.5 * z * z) * _INV_SQRT_2PI / h
+        idx[kept] = i
+        kept += 1 if dot[i] * dot[i] < g2max else 0
+    q = k * p
+    scale = math.sqrt(4.0 * abs(wt) * _INV_SQRT_2PI / h)
+    c2 = -0.25 / (h * h)
+    for t in range(kept):
+        i = idx[t]
+        g = dot[i]
+        s = scale * math.exp(c2 * g * g)
         a = near[i]
         b = second[i]
+        for j in range(q):
+            W[t, j] = 0.0
         for r in range(p):
-            ua_r = C[a, r] - ut[r, i]
-            ub_r = C[b, r] - ut[r, i]
-            for c in range(p):
-                ua_c = C[a, c] - ut[c, i]
-                ub_c = C[b, c] - ut[c, i]
-                Hb[a * p + r, a * p + c] -= f * ua_r * ua_c
-                Hb[b * p + r, b * p + c] -= f * ub_r * ub_c
-                Hb[a * p + r, b * p + c] += f * ua_r * ub_c
-                Hb[b * p + r, a * p + c] += f * ub_r * ua_c
+            W[t, a * p + r] = s * (C[a, r] - ut[r, i])
+            W[t, b * p + r] = -s * (C[b, r] - ut[r, i])
+    if kept > 0:
+        Wk = W[:kept]
+        P = np.dot(Wk.T, Wk)
+        if wt > 0.0:
+            Hb -= P
+        else:
+            Hb += P
 
 
 @jit(nogil=True, error_model="numpy")
 def _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G,
-                 Hb):  # pragma: no cover - compiled
+                 Hb, W, idx):  # pragma: no cover - compiled
     """At ``th``: the weighted gradient rows ``g1``/``g2`` (p, m) of both record sets with their
     nearest centres ``n1``/``n2``, the corrected gradient sum ``G`` and the block's corrected
     smoothed Hessian ``Hb`` (symmetric)."""
@@ -150,9 +164,9 @@ def _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2,
         cc[c] = sq
     Hb[:, :] = 0.0
     G[:] = 0.0
-    _add_rows(u1, C, cc, w1, h, xx, dot, d0, d1, n1, s2, g1, G, Hb)
+    _add_rows(u1, C, cc, w1, h, xx, dot, d0, d1, n1, s2, g1, G, Hb, W, idx)
     if two:
-        _add_rows(u2, C, cc, w2, h, xx, dot, d0, d1, n2, s2, g2, G, Hb)
+        _add_rows(u2, C, cc, w2, h, xx, dot, d0, d1, n2, s2, g2, G, Hb, W, idx)
     for r in range(q):
         for c in range(r + 1, q):
             v = 0.5 * (Hb[r, c] + Hb[c, r])
@@ -229,6 +243,8 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
     step = np.empty(q)
     th = np.empty(q)
     GT = np.empty((q, block))
+    W = np.empty((block, q))
+    idx = np.empty(block, np.int64)
     for start in range(0, full, block):
         _fill(ub1, x1, cols, shift, scale, start, start + block, u1)
         if two:
@@ -236,7 +252,7 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
         n_new = sc[0] + block
         h = bw_c * spread * max(n_new, 1.0) ** (-bw_power)
         th[:] = theta
-        _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb)
+        _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb, W, idx)
         if not guarded_step(H, Hb, G, M, L, step, sc):  # a block the fit cannot take: skipped
             sc[1] += 1.0  # (its reports counted)
             sc[0] = n_new
@@ -245,7 +261,7 @@ def renew_kmeans_blocks(ub1, x1, ub2, x2, cols, shift, scale, k, w1, w2, box_lo,
             for j in range(p):
                 v = th[c * p + j] - step[c * p + j]
                 th[c * p + j] = min(max(v, box_lo[j]), box_hi[j])
-        _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb)
+        _block_terms(u1, u2, th, C, cc, w1, w2, two, h, xx, dot, d0, d1, n1, n2, s2, g1, g2, G, Hb, W, idx)
         add_if_positive_definite(H, Hb, G, M, L, step, sc)
         _add_gradient_outer(A, p, n1, g1, n2, g2, two, GT)
         theta[:] = th
