@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from benchmarks._common import savefig, table, use_agg
 
+#: The consume sections of a reduced demo pipeline: (results key, table title).
+CONSUME_VARIANTS = (
+    ("consume_no_kmeans", "consume, pipeline without k-means (7 queries)"),
+    ("consume_no_regressions", "consume, pipeline without the two regressions and k-means (5 queries)"),
+)
+
 
 # --------------------------------------------------------------------------------------------------
 # plots and main
@@ -155,7 +161,9 @@ def print_tables(r: dict) -> None:
                 "consume: wall seconds and CPU seconds per thread (best passes)",
             )
         )
-    if r.get("consume_no_regressions"):
+    for key, title in CONSUME_VARIANTS:
+        if not r.get(key):
+            continue
         print(
             table(
                 ["reports/record", "reports", "raw consume /s", "worker /s", "worker/raw", "medians",
@@ -171,9 +179,9 @@ def print_tables(r: dict) -> None:
                         x.get("worker_vs_raw_paired_median", float("nan")),
                         x.get("worker_reports_per_cpu_s", float("nan")),
                     )
-                    for x in r["consume_no_regressions"]
+                    for x in r[key]
                 ],
-                "consume, pipeline without the two regression queries (5 queries)",
+                title,
             )
         )
     if r.get("e2e"):

