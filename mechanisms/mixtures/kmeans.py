@@ -22,7 +22,7 @@ from mechanisms.errors import ParameterError
 from mechanisms.losses.base import Loss, _robust_spread
 from mechanisms.mixtures.components import match_components
 
-__all__ = ["KMeansLoss", "corrected_weights", "weighted_lloyd"]
+__all__ = ["KMeansLoss", "corrected_weights", "split_dead_cells", "weighted_lloyd"]
 
 #: Largest number of components of the mixture estimators.
 MAX_COMPONENTS = 50
@@ -157,6 +157,48 @@ def weighted_lloyd(z: np.ndarray, w: np.ndarray, centres: np.ndarray, *, max_ite
         if shift <= tol:
             return C, True, np.bincount(a, w, minlength=k)
     return C, False, np.bincount(a, w, minlength=k)
+
+
+def split_dead_cells(z: np.ndarray, w: np.ndarray, C: np.ndarray, dead: np.ndarray) -> np.ndarray | None:
+    """A new start for a DR-Lloyd fit that left centres the data do not place.
+
+    Heavy noise can leave a naive start's centre where the raw data have no mass: with a corrected
+    cell weight ``W_j ≤ 0`` DR-Lloyd cannot move it, and a centre pulled onto the box's bounds
+    sits where no raw value is; either way the fit has fewer useful centres than k. As k-means
+    relocates an empty cluster, each such centre is moved into the other cell of largest ``W``,
+    which is split along its principal axis: ``c ± ½·sqrt(λ₁)·v₁`` of the cell's weighted scatter
+    ``Σ w_i (z_i − c)(z_i − c)ᵀ / W`` (docs/mechanisms.md §7.2).
+
+    Parameters
+    ----------
+    z : ndarray (m, p); w : ndarray (m,) — stacked records and their DR weights
+    C : ndarray (k, p) — the fit; dead : bool ndarray (k,) — the centres to move
+
+    Returns
+    -------
+    ndarray (k, p), or None when no centre is dead, or none is left to split
+    """
+    a, _ = _nearest(z, (z * z).sum(axis=1), C)
+    W = np.bincount(a, w, minlength=C.shape[0])
+    dead = np.asarray(dead, dtype=bool)
+    Wl = np.where(~dead & (W > 0), W, -np.inf)
+    dead = np.flatnonzero(dead)
+    if dead.size == 0 or not np.isfinite(Wl).any():
+        return None
+    C = C.copy()
+    for j in dead:
+        i = int(np.argmax(Wl))
+        cell = a == i
+        r = z[cell] - C[i]
+        scatter = (r * w[cell, None]).T @ r / Wl[i]
+        lam, vec = np.linalg.eigh((scatter + scatter.T) / 2.0)
+        half = 0.5 * math.sqrt(max(float(lam[-1]), 0.0)) * vec[:, -1]
+        if not np.any(half):
+            return None
+        C[j], C[i] = C[i] + half, C[i] - half
+        Wl[i] = Wl[j] = Wl[i] / 2.0  # the next dead centre splits the largest of what is left
+        a[np.flatnonzero(cell)[(r @ half) > 0]] = j
+    return C
 
 
 def kmeans_plus_plus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -417,18 +459,39 @@ class KMeansLoss(Loss):
         for C0 in starts:  # restarts that reached the same naive solution need one DR run
             if not any(np.abs(C0[match_components(D, C0)] - D).max() <= 1e-4 for D in distinct):
                 distinct.append(C0)
-        best = None
+        best, splits = None, 0
         for C0 in distinct:
-            tol = self.tolerance(z, w, C0)
-            C, conv, W = weighted_lloyd(z, w, C0, max_iter=30, tol=tol, box=self.box)
-            if not conv:  # slow Lloyd steps (noise near the cell boundaries): Newton, then Lloyd again
-                C, conv, W = weighted_lloyd(z, w, self.newton(z, w, C, tol), tol=tol, box=self.box)
-            F = float(w @ sq_distances(z, C).min(axis=1))
-            key = (not bool(np.all(W > 0)), F)
-            if best is None or key < best[0]:
-                best = (key, C, conv)
+            for _split in range(self.k):
+                C, conv, W = self._dr_lloyd(z, w, C0)
+                F = float(w @ sq_distances(z, C).min(axis=1))
+                dead = ~(W > 0) | self.held_on_box(C)
+                key = (int(dead.sum()), F)  # fewest centres the data do not place, then the risk
+                if best is None or key < best[0]:
+                    best = (key, C, conv)
+                C0 = split_dead_cells(z, w, C, dead)
+                if C0 is None:
+                    break
+                splits += 1
         (_, F), C, conv = best
-        return C.ravel(), conv, f"DR-Lloyd, best of {len(distinct)} distinct starts"
+        how = f"DR-Lloyd, best of {len(distinct)} distinct starts"
+        return C.ravel(), conv, how + (f" and {splits} restarts with dead cells split" if splits else "")
+
+    def held_on_box(self, C: np.ndarray) -> np.ndarray:
+        """Per centre (k,): whether a coordinate is held on the box's bounds (all False without
+        a box) — the reports would place it outside, where no raw value is."""
+        if self.box is None:
+            return np.zeros(C.shape[0], dtype=bool)
+        tol = 1e-9 * (self.box[1] - self.box[0])
+        return np.any((C <= self.box[0] + tol) | (C >= self.box[1] - tol), axis=1)
+
+    def _dr_lloyd(self, z, w, C0):
+        """DR-Lloyd from ``C0`` to :meth:`tolerance` (Newton steps when 30 Lloyd steps did not
+        converge): ``(C, converged, cell weights)``."""
+        tol = self.tolerance(z, w, C0)
+        C, conv, W = weighted_lloyd(z, w, C0, max_iter=30, tol=tol, box=self.box)
+        if not conv:  # slow Lloyd steps (noise near the cell boundaries): Newton, then Lloyd again
+            C, conv, W = weighted_lloyd(z, w, self.newton(z, w, C, tol), tol=tol, box=self.box)
+        return C, conv, W
 
     def __repr__(self) -> str:
         return f"KMeansLoss(k={self.k}, p={self.p})"

@@ -432,14 +432,15 @@ def test_mixture_fit_bookkeeping_and_parameter_names():
 
 
 @pytest.mark.parametrize(("k", "n", "seed"), [(8, 3000, 153), (5, 3000, 1), (5, 3000, 2)])
-def test_too_many_centres_are_named_unidentified_with_infinite_stderr(k, n, seed):
-    """k > 3 on 3 clusters with strong privacy noise: the fit names the components the data do
-    not determine; their standard errors are inf, the others' finite, and nothing is NaN."""
+def test_too_many_centres_name_exactly_the_components_the_data_do_not_place(k, n, seed):
+    """k > 3 on 3 clusters with strong privacy noise: whatever components the fit names as not
+    determined by the data have inf standard errors and a reason that holds at the fit; the
+    others' are finite, and nothing is NaN (test_kmeans_restarts.py: the restarts that move such
+    centres)."""
     mech, _x, x1, x2 = _clusters(np.random.default_rng(seed), n)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         fit = fit_kmeans(x1, x2, k=k, low=LOW, high=HIGH, zero_prob=0.2, n_init=2)
-    assert fit.unidentified, f"k = {k} on three clusters must leave components unidentified"
     assert set(fit.unidentified) <= set(range(k))
     assert all(isinstance(why, str) and why for why in fit.unidentified.values())
     for arr in (fit.value, fit.stderr, fit.cov):
