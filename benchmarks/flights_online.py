@@ -1,6 +1,7 @@
 """The demo's regressions on the 2013 flights: the worker's online estimates against ``analyze``.
 
-Run ``python -m benchmarks.flights_online [--limit N] [--partitions 4,1] [--seeds S1,S2,…]``;
+Run ``python -m benchmarks.flights_online [--limit N] [--partitions 4,1] [--seeds S1,S2,…]
+[--queries Q1,Q2,…] [--truth]``;
 prints a table per (seed, partitions) and writes ``benchmarks/results/flights_online[_<N>].json``.
 
 Every flight is privatized with ``examples/flights.schema.toml`` (seeded), encoded in records of
@@ -12,10 +13,11 @@ states are merged as serve merges checkpoints. The batch reference is
 ``ldp-stream analyze`` runs. Kafka moves the same bytes in the same order per partition
 (exactly-once is tested elsewhere), so it is left out.
 
-Reported per regression coefficient (``late_arrival_logit``, ``arr_on_dep_median``): online value
-± stderr, batch value ± stderr, online SE / batch SE, and |online − batch| / batch SE; with
+Reported per parameter of the queries (default the regressions ``late_arrival_logit`` and
+``arr_on_dep_median``; ``--queries`` may add the k-means query ``flight_clusters``): online value ±
+stderr, batch value ± stderr, online SE / batch SE, and |online − batch| / batch SE; with
 ``--truth``, also each one's error against the fit of the raw (unprivatized) flights
-(``aggregator.demo.truth``) in units of its own SE.
+(``aggregator.demo.truth``) in units of its own SE, and whether its 95 % interval covers it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import time
 from benchmarks._common import table, write_json
 
 QUERIES = ("late_arrival_logit", "arr_on_dep_median")
+#: The queries ``--queries`` may name.
+KNOWN = (*QUERIES, "flight_clusters")
 RECORD = 1000
 POLL = 500
 
@@ -56,7 +60,8 @@ def fold_partition(runtime, records: list[bytes]) -> dict:
     return states
 
 
-def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit: int | None) -> dict:
+def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit: int | None,
+        queries: tuple[str, ...] = QUERIES) -> dict:
     """Fold ``records`` over ``partitions`` partitions and compare with ``analyze`` (module docstring)."""
     from aggregator.analyze import analyze_query, replay_records
 
@@ -66,7 +71,7 @@ def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit
     states = [fold_partition(runtime, p) for p in parts]
     cpu["online_fold_s"] = time.process_time() - t0
     merged = {}
-    for name in QUERIES:
+    for name in queries:
         m = states[0][name].copy()
         for s in states[1:]:
             m += s[name]
@@ -76,7 +81,7 @@ def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit
     cpu["replay_s"] = time.process_time() - t0
     rows, out = [], {"limit": limit, "partitions": partitions, "seed": seed, "reports": rep.n,
                      "records": len(records), "queries": {}}
-    for name in QUERIES:
+    for name in queries:
         q = next(x for x in config.queries if x.name == name)
         t0 = time.process_time()
         batch = analyze_query(rep, runtime, q)
@@ -107,12 +112,31 @@ def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit
     return out
 
 
-def raw_truth(config, runtime, raw: dict) -> dict:
-    """The demo's raw-data fits of the regressions (``aggregator.demo.truth``) on ``raw``."""
+def raw_truth(config, runtime, raw: dict, queries: tuple[str, ...] = QUERIES) -> dict:
+    """The demo's raw-data fits of ``queries`` (``aggregator.demo.truth``) on ``raw``."""
     from aggregator.demo.truth import compute_truth
 
     truth = compute_truth(config, runtime.schema, raw)
-    return {q: truth[q] for q in QUERIES}
+    return {q: truth[q] for q in queries}
+
+
+def against_truth(run_out: dict, truth: dict) -> list[dict]:
+    """Per parameter of a run: the online and the batch estimate's error against the raw-data fit
+    in units of its own SE, and whether its 95 % interval covers the raw-data value."""
+    rows = []
+    for name, entry in run_out["queries"].items():
+        for which in ("online", "batch"):
+            est = entry[which]
+            if "error" in est:
+                continue
+            for p, v, se, lo, hi in zip(est["params"], est["value"], est["stderr"], est["ci_low"],
+                                        est["ci_high"], strict=True):
+                t = truth[name].get(p)
+                if t is None or se is None:
+                    continue
+                rows.append({"query": name, "param": p, "estimate": which, "value": v, "truth": t,
+                             "z": (v - t) / se, "covered": bool(lo <= t <= hi)})
+    return rows
 
 
 def _ints(text: str) -> list[int]:
@@ -130,8 +154,15 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N flights (default: all)")
     ap.add_argument("--partitions", type=_ints, default=[4], help="partition counts, e.g. 4,1 (default 4)")
     ap.add_argument("--seeds", type=_ints, default=[20261201], help="privatization seeds (default 20261201)")
+    ap.add_argument("--queries", default=",".join(QUERIES),
+                    help=f"comma-separated, of {', '.join(KNOWN)} (default: the two regressions)")
     ap.add_argument("--truth", action="store_true", help="also fit the raw flights (the demo's truth)")
     args = ap.parse_args(argv)
+    queries = tuple(q for q in args.queries.split(",") if q)
+    if not queries or not set(queries) <= set(KNOWN):
+        print(f"error: --queries must name some of {', '.join(KNOWN)}, got {args.queries!r}",
+              file=sys.stderr)
+        return 2
     if args.limit is not None and args.limit < 1:
         print("error: --limit must be >= 1", file=sys.stderr)
         return 2
@@ -148,16 +179,27 @@ def main(argv=None) -> int:
         records, raw = records_of_flights(runtime.schema, args.limit, seed)
         t_priv = time.perf_counter() - t0
         for k in args.partitions:
-            runs.append(run(config, runtime, records, k, seed, args.limit))
+            runs.append(run(config, runtime, records, k, seed, args.limit, queries))
             runs[-1]["privatize_wall_s"] = t_priv
     command = ("python -m benchmarks.flights_online" + (f" --limit {args.limit}" if args.limit else "")
                + f" --partitions {','.join(map(str, args.partitions))}"
-               + f" --seeds {','.join(map(str, args.seeds))}" + (" --truth" if args.truth else ""))
+               + f" --seeds {','.join(map(str, args.seeds))}"
+               + (f" --queries {','.join(queries)}" if queries != QUERIES else "")
+               + (" --truth" if args.truth else ""))
     out = {"command": command, "machine": machine_info(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs}
     if args.truth:
-        out["truth"] = raw_truth(config, runtime, raw)
-    path = write_json("flights_online" + (f"_{args.limit}" if args.limit else ""), out)
+        out["truth"] = raw_truth(config, runtime, raw, queries)
+        for r in runs:
+            r["against_truth"] = against_truth(r, out["truth"])
+            print(table(["query", "param", "estimate", "value", "raw-data fit", "(value − raw)/SE",
+                         "95 % CI covers"],
+                        [(x["query"], x["param"], x["estimate"], x["value"], x["truth"], x["z"],
+                          "yes" if x["covered"] else "no") for x in r["against_truth"]],
+                        title=f"against the raw flights: seed {r['seed']}, {r['partitions']} partitions"))
+    extra = [q for q in queries if q not in QUERIES]
+    path = write_json("flights_online" + (f"_{args.limit}" if args.limit else "")
+                      + "".join("_" + q for q in extra), out)
     print(f"wrote {path}")
     return 0
 
