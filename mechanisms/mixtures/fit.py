@@ -191,7 +191,7 @@ def unidentified_components(loss, theta: np.ndarray, H: np.ndarray | None, n: in
         return {j: "its estimate is not finite" for j in range(k)}
     if isinstance(loss, KMeansLoss):
         C = loss.centres(theta)
-        for j in np.flatnonzero(np.any(np.abs(C) >= 1.0 - 1e-9, axis=1)):
+        for j in np.flatnonzero(loss.held_on_box(C)):
             out[int(j)] = ("its centre is held on the fields' bounds: the reports would place it outside "
                            "them, where no raw value is (too few reports near it; fewer components may "
                            "fit)")

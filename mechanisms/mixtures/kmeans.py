@@ -461,14 +461,14 @@ class KMeansLoss(Loss):
                 distinct.append(C0)
         best, splits = None, 0
         for C0 in distinct:
-            for _split in range(self.k):
+            for run in range(self.k):  # the start, then up to k − 1 restarts from split cells
                 C, conv, W = self._dr_lloyd(z, w, C0)
                 F = float(w @ sq_distances(z, C).min(axis=1))
                 dead = ~(W > 0) | self.held_on_box(C)
                 key = (int(dead.sum()), F)  # fewest centres the data do not place, then the risk
                 if best is None or key < best[0]:
                     best = (key, C, conv)
-                C0 = split_dead_cells(z, w, C, dead)
+                C0 = split_dead_cells(z, w, C, dead) if run < self.k - 1 else None
                 if C0 is None:
                     break
                 splits += 1
@@ -477,11 +477,12 @@ class KMeansLoss(Loss):
         return C.ravel(), conv, how + (f" and {splits} restarts with dead cells split" if splits else "")
 
     def held_on_box(self, C: np.ndarray) -> np.ndarray:
-        """Per centre (k,): whether a coordinate is held on the box's bounds (all False without
-        a box) — the reports would place it outside, where no raw value is."""
+        """Per centre (k,): whether a coordinate is within 10⁻⁹ of half the box's width of its
+        bounds (all False without a box) — the reports would place it outside, where no raw value
+        is (the batch fit's restarts, and :func:`mechanisms.mixtures.fit.unidentified_components`)."""
         if self.box is None:
             return np.zeros(C.shape[0], dtype=bool)
-        tol = 1e-9 * (self.box[1] - self.box[0])
+        tol = 0.5e-9 * (self.box[1] - self.box[0])
         return np.any((C <= self.box[0] + tol) | (C >= self.box[1] - tol), axis=1)
 
     def _dr_lloyd(self, z, w, C0):
