@@ -626,6 +626,7 @@ def main(argv=None) -> int:
             "sections_kept": [k for k in old if k not in sections],
         }
     tmp = Path(tempfile.mkdtemp(prefix="ldp-bench-"))
+    consume_plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN  # every consume section
     with EmbeddedBroker() as b:
         boot = b.bootstrap_servers
         if "produce" in sections:
@@ -638,8 +639,8 @@ def main(argv=None) -> int:
             results["produce"] = section_produce(boot, schema, pool, plan)
         if "consume" in sections:
             print("consume", flush=True)
-            plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
-            results["consume"], prof = section_consume(tmp, boot, pool, plan, None if q else args.profile_m,
+            results["consume"], prof = section_consume(tmp, boot, pool, consume_plan,
+                                                       None if q else args.profile_m,
                                                        repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid)
             if prof:
                 results["profile_top"] = prof
@@ -648,8 +649,7 @@ def main(argv=None) -> int:
                                                       "gaussian_mixture"))):
             if key in sections:
                 print(f"{key} (without {', '.join(drop)})", flush=True)
-                plan = [(1, 2000), (100, 200), (1000, 50)] if q else CONSUME_PLAN
-                results[key], _ = section_consume(tmp, boot, pool, plan, None, drop_kinds=drop,
+                results[key], _ = section_consume(tmp, boot, pool, consume_plan, None, drop_kinds=drop,
                                                   repeats=2 if q else CONSUME_REPEATS, broker_pid=b.pid)
         if "e2e" in sections:
             print("e2e", flush=True)
