@@ -304,20 +304,32 @@ class Worker:
         log.info("revoked %s", parts)
 
     def on_lost(self, lost) -> None:
-        """Rebalance callback: drop the lost partitions (no checkpoint can follow)."""
+        """Rebalance callback: drop the lost partitions (no checkpoint can follow). Logged as a
+        warning only when a lost partition had records folded in after its last durable
+        checkpoint (its next owner replays them); otherwise — the usual case at shutdown, when
+        another member left first — at info level."""
+        behind: dict[int, int] = {}  # partition → records folded after its durable checkpoint
         with self.lock:
             self._stable = False
             self.metrics.rebalances.inc()
             self.pending.difference_update(lost)
             for tp in lost:
-                self.owned.pop(tp.partition, None)
+                ps = self.owned.pop(tp.partition, None)
+                if ps is not None and ps.dirty:
+                    behind[tp.partition] = ps.next_offset - (ps.published_offset or 0)
             self.metrics.owned.set(len(self.owned))
         # the group moved on without this member (a rebalance it missed, e.g. while another member
         # left at shutdown): no checkpoint can be published for them any more, but the last one is
         # durable, so the next owner resumes there — exactly once all the same
-        log.warning("lost %s to a rebalance (no checkpoint can follow); their next owner resumes from "
-                    "their last published checkpoint, so no report is lost or counted twice",
-                    sorted(tp.partition for tp in lost))
+        parts = sorted(tp.partition for tp in lost)
+        if behind:
+            log.warning("lost %s to a rebalance (no checkpoint can follow); their next owner resumes "
+                        "from their last published checkpoint and folds again the records after it "
+                        "(%s), so no report is lost or counted twice", parts,
+                        ", ".join(f"partition {p}: {n}" for p, n in sorted(behind.items())))
+        else:
+            log.info("lost %s to a rebalance; their last published checkpoint holds every record "
+                     "folded here, so their next owner resumes where this worker stopped", parts)
 
     # ---------------------------------------------------------------------------------- restore
     def restore_pending(self) -> None:

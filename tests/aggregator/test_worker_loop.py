@@ -188,6 +188,32 @@ def test_a_checkpoint_begun_before_a_partition_is_lost_is_not_sent_after_the_los
     w.threads.shutdown()
 
 
+def test_a_loss_warns_only_when_records_after_the_last_checkpoint_must_be_folded_again(runtime, records,
+                                                                                      caplog):
+    """At shutdown another member's leave can take a partition whose checkpoint is current: that
+    is logged at info level; a partition with records folded after its durable checkpoint warns
+    and names how many its next owner folds again."""
+    import logging
+
+    from kafka import TopicPartition
+
+    w = make_worker(runtime)
+    w.process(0, [rec(i, records[i]) for i in range(3)])
+    w.checkpoints.publish([w.owned[0]])  # durable: published_offset == next_offset
+    with caplog.at_level(logging.INFO, logger="aggregator.worker"):
+        w.on_lost([TopicPartition("reports", 0)])
+    assert [r.levelno for r in caplog.records if "lost [0]" in r.getMessage()] == [logging.INFO]
+    assert 0 not in w.owned
+
+    caplog.clear()
+    w2 = make_worker(runtime)
+    w2.process(0, [rec(i, records[i]) for i in range(3)])  # never checkpointed
+    with caplog.at_level(logging.INFO, logger="aggregator.worker"):
+        w2.on_lost([TopicPartition("reports", 0)])
+    msgs = [(r.levelno, r.getMessage()) for r in caplog.records if "lost [0]" in r.getMessage()]
+    assert len(msgs) == 1 and msgs[0][0] == logging.WARNING and "partition 0: 3" in msgs[0][1]
+
+
 def test_offsets_of_a_partition_revoked_while_its_checkpoint_was_on_its_way_are_not_committed(runtime,
                                                                                               records):
     """The revoke publishes the partition itself; committing the older checkpoint's offsets
