@@ -258,3 +258,12 @@ def test_kafka_config_file_values_are_not_coerced(tmp_path, capsys):
     assert rc == 2
     assert err == [f"ldp-stream produce: error: --kafka-config {path}: kafka.request_timeout_ms: "
                    "must be an integer, got '30000'"]
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"ldp-stream {version('ldp-stream')}"
