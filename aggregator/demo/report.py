@@ -192,7 +192,8 @@ def _pairs(rows) -> str:
 def _device_lines(report: dict) -> list[str]:
     """The per-report and the per-device statements, in words (docs/privacy.md §7)."""
     per, dev = report["privacy"], report.get("privacy_device")
-    lines = [f"The schema's unit is one {per['unit']['unit']}: {per['unit']['statement']}."]
+    statement = per["unit"]["statement"]
+    lines = [f"{statement[0].upper()}{statement[1:]}."]
     num = (dev or {}).get("numeric") or {}
     comp = num.get("composed")
     if comp is None:

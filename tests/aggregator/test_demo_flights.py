@@ -243,4 +243,5 @@ def test_report_states_the_device_level_guarantee_at_its_reporting_rate(tmp_path
     assert [r["delta"] for r in comp["record"]] == list(want.deltas)
     md = render_markdown(report, [])
     assert f"a traveller whose phone reports {DEVICE_FLIGHTS_PER_DAY} flights a day" in md
-    assert "The schema's unit is one event" in md
+    assert "The unit is one event: each guarantee below protects one report." in md
+    assert "unit is one event: the unit is one event" not in md  # the statement names its unit once
