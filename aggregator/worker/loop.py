@@ -315,8 +315,9 @@ class Worker:
             self.pending.difference_update(lost)
             for tp in lost:
                 ps = self.owned.pop(tp.partition, None)
-                if ps is not None and ps.dirty:
-                    behind[tp.partition] = ps.next_offset - (ps.published_offset or 0)
+                if ps is not None and ps.dirty:  # never checkpointed: every record it folded
+                    behind[tp.partition] = (ps.records if ps.published_offset is None
+                                            else ps.next_offset - ps.published_offset)
             self.metrics.owned.set(len(self.owned))
         # the group moved on without this member (a rebalance it missed, e.g. while another member
         # left at shutdown): no checkpoint can be published for them any more, but the last one is

@@ -213,6 +213,14 @@ def test_a_loss_warns_only_when_records_after_the_last_checkpoint_must_be_folded
     msgs = [(r.levelno, r.getMessage()) for r in caplog.records if "lost [0]" in r.getMessage()]
     assert len(msgs) == 1 and msgs[0][0] == logging.WARNING and "partition 0: 3" in msgs[0][1]
 
+    caplog.clear()  # a partition whose earliest offset is 5 (older records deleted), never checkpointed
+    w3 = make_worker(runtime)
+    w3.process(0, [rec(5 + i, records[i]) for i in range(3)])
+    with caplog.at_level(logging.INFO, logger="aggregator.worker"):
+        w3.on_lost([TopicPartition("reports", 0)])
+    msgs = [r.getMessage() for r in caplog.records if "lost [0]" in r.getMessage()]
+    assert len(msgs) == 1 and "partition 0: 3" in msgs[0]  # its 3 records, not offset 8
+
 
 def test_offsets_of_a_partition_revoked_while_its_checkpoint_was_on_its_way_are_not_committed(runtime,
                                                                                               records):
