@@ -75,8 +75,10 @@ def section_throughput(tmp: Path, bootstrap: str, pool, m: int, n_records: int, 
         print(f"  pass {i}: without {rates['without'][-1]:,.0f}/s, with {rates['with'][-1]:,.0f}/s "
               f"({rates['with'][-1] / rates['without'][-1]:.0%})", flush=True)
     paired = [w / o for w, o in zip(rates["with"], rates["without"], strict=True)]
-    span_days = (n_records * m) / pool.n * (int(pool.event_time.max()) - int(pool.event_time.min())) / 86400
-    if days is not None:
+    if days is None:  # the pool's span, once per pass through it
+        pool_days = (int(pool.event_time.max()) - int(pool.event_time.min())) / 86400
+        span_days = (n_records * m) / pool.n * pool_days
+    else:
         span_days = float(days)
     return {
         "reports_per_record": m, "records": n_records, "reports": n_records * m, "passes": repeats,
