@@ -33,8 +33,9 @@ Positive definiteness: when ``H + Ĥ_b`` is not positive definite (a DR Hessian 
 can be indefinite) the step uses ``H`` alone; when ``H + Ĥ_b(θ̂)`` is not, that block's Hessian is
 not added; a block whose Newton step is not finite is skipped (its reports counted in ``n``).
 All are counted in :attr:`RenewableFit.guarded`. A warm-up Hessian that is not
-positive definite has its eigenvalues floored at ``1e-9·max λ`` (counted too); one that is not
-finite or has no positive eigenvalue gives no fit (:meth:`Renewable.warm_start` returns None).
+positive definite gives no fit when the caller can wait for more reports (``floor=False``), else
+has its eigenvalues floored at ``1e-9·max λ`` (counted too); one that is not finite or has no
+positive eigenvalue gives no fit (:meth:`Renewable.warm_start` returns None).
 """
 
 from __future__ import annotations
@@ -279,20 +280,26 @@ class Renewable:
         return 0.5 * (out + out.T)
 
     # ------------------------------------------------------------------ fits
-    def warm_start(self, x1, x2) -> tuple[RenewableFit | None, bool]:
+    def warm_start(self, x1, x2, *, floor: bool = True) -> tuple[RenewableFit | None, bool]:
         """The warm-up fit of a first block (:func:`mechanisms.estimation.m_estimate`).
 
         Parameters
         ----------
         x1, x2 : ndarray (m, p)
             Released and doubled records (``x2`` may be None for naive/oracle).
+        floor : bool
+            What to do when the fit's corrected Hessian is not positive definite: floor its
+            eigenvalues at ``1e-9·max λ`` (counted in ``guarded``), or (False) give no fit — a
+            renewal from a nearly singular H takes run-away steps, so a warm-up that can still
+            grow should rather wait for more reports (docs/mechanisms.md §6.6).
 
         Returns
         -------
         (RenewableFit or None, converged)
             None when the block determines no fit: the batch fit is not finite (a DR objective
-            of few reports can be unbounded below) or its corrected Hessian has no positive
-            eigenvalue. ``converged`` is the batch fit's convergence check.
+            of few reports can be unbounded below), its corrected Hessian has no positive
+            eigenvalue, or (``floor=False``) is not positive definite. ``converged`` is the
+            batch fit's convergence check.
 
         Raises
         ------
@@ -323,6 +330,8 @@ class Renewable:
             H = self.hessian(x1, x2, theta, m, spread)
             guarded = 0
             if not is_positive_definite(H):
+                if not floor:
+                    return None, False
                 H, guarded = _floor_eigenvalues(H), 1
                 if H is None:
                     return None, False

@@ -265,19 +265,22 @@ class RenewableState(State):
 
     def _warm_up(self) -> None:
         """Fit the buffered reports (at least ``warm_up``) in batch; the rest of the buffer after
-        ``warm_target`` reports stays buffered. A block that determines no fit (a diverging DR
-        fit) extends the warm-up: the reports stay and the fit is tried again on twice as many,
-        up to ``MAX_WARM_UP_FACTOR · warm_up``; past that the oldest reports are dropped (counted
-        in ``dropped``, logged) so that the buffer stays bounded."""
+        ``warm_target`` reports stays buffered. A block that determines no fit — a diverging DR
+        fit, or a corrected Hessian that is not positive definite (a renewal from it would take
+        run-away steps) — extends the warm-up: the reports stay and the fit is tried again on
+        twice as many, up to ``MAX_WARM_UP_FACTOR · warm_up``. There a Hessian that is not
+        positive definite has its eigenvalues floored (counted in ``guarded``), and a fit that is
+        still not finite has the oldest reports dropped (counted in ``dropped``, logged) so that
+        the buffer stays bounded (docs/mechanisms.md §6.6)."""
         m0 = self.warm_target
+        cap = MAX_WARM_UP_FACTOR * self.opts.warm_up
         w1, w2 = self.buf1[:m0], self.buf2[:m0]
-        fit, converged = self.engine.warm_start(w1, w2 if self._two else None)
+        fit, converged = self.engine.warm_start(w1, w2 if self._two else None, floor=m0 >= cap)
         if fit is None:
-            cap = MAX_WARM_UP_FACTOR * self.opts.warm_up
             if m0 < cap:
                 self.warm_target = min(2 * m0, cap)
-                log.warning("query %r: the warm-up fit of %d reports is not finite; trying again with "
-                            "%d", self.name, m0, self.warm_target)
+                log.warning("query %r: the warm-up fit of %d reports is not finite or its Hessian is not "
+                            "positive definite; trying again with %d", self.name, m0, self.warm_target)
             else:
                 drop = self.opts.warm_up
                 self.dropped += drop

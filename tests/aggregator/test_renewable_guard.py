@@ -4,8 +4,9 @@
 * when ``H + Ĥ_b`` is not positive definite the Newton step uses ``H`` alone, and when
   ``H + Ĥ_b(θ̂)`` is not, the block's Hessian is not added (each counted in ``guarded``);
 * a block whose Newton step is not finite is skipped, its reports counted in ``n``;
-* a warm-up Hessian that is not positive definite has its eigenvalues floored at
-  ``1e-9·max|λ|``.
+* a warm-up Hessian that is not positive definite extends the warm-up (no renewal from a nearly
+  singular H) up to ``MAX_WARM_UP_FACTOR · warm_up`` reports; there its eigenvalues are floored
+  at ``1e-9·max|λ|``.
 
 H stays positive definite and the estimate finite, on the compiled and the Python path alike;
 the count reaches serve's payload (``hessian_guard``). Also: a non-finite estimate is refused
@@ -129,26 +130,48 @@ def test_a_block_with_a_non_finite_step_is_skipped_and_counted(qd, python):
     np.testing.assert_array_equal(f.A, np.zeros((2, 2)))
 
 
-def test_a_warm_up_hessian_that_is_not_positive_definite_is_floored(monkeypatch):
-    """The warm-up fit's Hessian, made indefinite here (eigenvalues 300, −50 on a rotated basis):
-    its eigenvalues are floored at 1e-9·max|λ| on the same eigenvectors, counted once."""
-    st = build_state({**MEDIAN, "renewable": {"warm_up": 200, "batch_size": 40}}, SCHEMA)
+def _indefinite(monkeypatch, st) -> np.ndarray:
+    """Make every Hessian of ``st``'s engine indefinite (eigenvalues 300, −50 on a rotated basis);
+    returns the rotation."""
     rot = np.array([[np.cos(0.3), -np.sin(0.3)], [np.sin(0.3), np.cos(0.3)]])
     bad = rot @ np.diag([300.0, -50.0]) @ rot.T
-    real = st.engine.hessian
     monkeypatch.setattr(st.engine, "hessian", lambda *a, **k: bad)
-    batch, x2, _ = make_batch(SCHEMA, 200, np.random.default_rng(0))
+    return rot
+
+
+def test_a_warm_up_hessian_that_is_not_positive_definite_extends_the_warm_up(monkeypatch):
+    """Below the cap a warm-up fit whose Hessian is not positive definite starts no renewal: the
+    reports stay buffered, the next try waits for twice as many, nothing is dropped or counted as
+    guarded, and the estimate meanwhile is the batch fit of the buffer."""
+    st = build_state({**MEDIAN, "renewable": {"warm_up": 200, "batch_size": 40}}, SCHEMA)
+    _indefinite(monkeypatch, st)
+    batch, x2, _ = make_batch(SCHEMA, 700, np.random.default_rng(0))
+    st.update(batch, x2)
+    assert st.fit is None and st.warm_target == 800 and st.buf1.shape[0] == 700
+    assert st.dropped == 0 and st.guarded == 0
+    assert st.costly_estimate
+
+
+def test_a_warm_up_hessian_that_is_not_positive_definite_is_floored_at_the_cap(monkeypatch):
+    """At ``MAX_WARM_UP_FACTOR · warm_up`` reports the warm-up fit's indefinite Hessian has its
+    eigenvalues floored at 1e-9·max|λ| on the same eigenvectors, counted once."""
+    from aggregator.state.renewable import MAX_WARM_UP_FACTOR
+
+    st = build_state({**MEDIAN, "renewable": {"warm_up": 200, "batch_size": 40}}, SCHEMA)
+    rot = _indefinite(monkeypatch, st)
+    cap = MAX_WARM_UP_FACTOR * 200
+    batch, x2, _ = make_batch(SCHEMA, cap, np.random.default_rng(0))
     st.update(batch, x2)
     f = st.fit
-    assert f.guarded == st.guarded == 1 and f.n == 200
+    assert f.guarded == st.guarded == 1 and f.n == cap and st.dropped == 0
     w, v = np.linalg.eigh(f.H)
     np.testing.assert_allclose(w, [1e-9 * 300.0, 300.0], rtol=1e-6)
     np.testing.assert_allclose(np.abs(v.T @ rot), np.eye(2)[::-1], atol=1e-9)
     assert is_positive_definite(f.H)
-    # the real warm-up Hessian of these reports is positive definite: not floored
-    monkeypatch.setattr(st.engine, "hessian", real)
-    ok = build_state({**MEDIAN, "renewable": {"warm_up": 200, "batch_size": 40}}, SCHEMA).update(batch, x2)
-    assert ok.fit.guarded == 0
+    # the real warm-up Hessian of the first 200 reports is positive definite: a fit at once
+    ok = build_state({**MEDIAN, "renewable": {"warm_up": 200, "batch_size": 40}}, SCHEMA)
+    ok.update(*make_batch(SCHEMA, 200, np.random.default_rng(0))[:2])
+    assert ok.fit.guarded == 0 and ok.fit.n == 200
 
 
 @PATHS
