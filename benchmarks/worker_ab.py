@@ -73,9 +73,10 @@ def export_tree(rev: str, dest: Path) -> str:
     full = subprocess.run(["git", "rev-parse", "--verify", rev + "^{commit}"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout.strip()
     dest.mkdir(parents=True)
-    archive = subprocess.Popen(["git", "archive", full], cwd=ROOT, stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
-    if archive.wait() != 0:
+    with subprocess.Popen(["git", "archive", full], cwd=ROOT, stdout=subprocess.PIPE) as archive:
+        subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+        archive.stdout.close()
+    if archive.returncode != 0:
         raise RuntimeError(f"git archive {rev} failed")
     return full
 
@@ -106,10 +107,10 @@ def _rate(out: dict) -> float:
 
 def run(base: str, drop: tuple[str, ...], repeats: int, n_records: int) -> dict:
     """Measure (module docstring); returns the results dict."""
+    from aggregator.topics import ensure_topics
     from benchmarks import pipeline as P
     from benchmarks._pipeline_common import load_config, raw_produce, stream_records, write_pipeline
     from benchmarks.produce import report_pool
-    from aggregator.topics import ensure_topics
     from ingest.broker import EmbeddedBroker
     from ingest.schema import TelemetrySchema
 
