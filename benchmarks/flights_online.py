@@ -18,6 +18,11 @@ Reported per parameter of the queries (default the regressions ``late_arrival_lo
 stderr, batch value ± stderr, online SE / batch SE, and |online − batch| / batch SE; with
 ``--truth``, also each one's error against the fit of the raw (unprivatized) flights
 (``aggregator.demo.truth``) in units of its own SE, and whether its 95 % interval covers it.
+
+With more than one partition, also the **pooled partition fits**: every partition's batch fit of
+all its reports (a state whose warm-up is the whole partition), merged as serve merges states —
+the estimate a renewal that matched its partition's batch fit exactly would give, so
+|pooled partition fits − batch| is what pooling per-partition fits costs by itself.
 """
 
 from __future__ import annotations
@@ -48,9 +53,10 @@ def records_of_flights(schema, limit: int | None, seed: int) -> tuple[list[bytes
     return records, prepared.raw
 
 
-def fold_partition(runtime, records: list[bytes]) -> dict:
-    """The states of one partition after its records, folded as the worker folds a poll."""
-    states = runtime.new_states()
+def fold_partition(runtime, records: list[bytes], states: dict | None = None) -> dict:
+    """The states of one partition after its records, folded as the worker folds a poll
+    (``states``: these, else the runtime's new states)."""
+    states = runtime.new_states() if states is None else states
     for s in range(0, len(records), POLL):
         poll = records[s:s + POLL]
         batch, counts = runtime.decode_many(poll)
@@ -58,6 +64,25 @@ def fold_partition(runtime, records: list[bytes]) -> dict:
         for st in states.values():
             st.update(batch, x2)
     return states
+
+
+def partition_fit_states(runtime, config, parts: list[list[bytes]], queries: tuple[str, ...]) -> list[dict]:
+    """Per partition, the states of ``queries`` with a warm-up as long as the smallest partition:
+    each holds its partition's batch fit (of all its reports but the few hundred that the larger
+    partitions hold beyond the smallest, which renew it), not a renewal over blocks. Merged as
+    serve merges them, they are what pooling per-partition batch fits gives."""
+    from aggregator.state import build_state
+
+    n = min(sum(runtime.decode_many([r])[1][0] for r in p) for p in parts)
+    out = []
+    for p in parts:
+        states = {}
+        for name in queries:
+            q = next(x for x in config.queries if x.name == name)
+            q = q.model_copy(update={"renewable": q.renewable.model_copy(update={"warm_up": n})})
+            states[name] = build_state(q, runtime.schema, loss=config.losses.get(name))
+        out.append(fold_partition(runtime, p, states))
+    return out
 
 
 def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit: int | None,
@@ -70,12 +95,13 @@ def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit
     t0 = time.process_time()
     states = [fold_partition(runtime, p) for p in parts]
     cpu["online_fold_s"] = time.process_time() - t0
-    merged = {}
-    for name in queries:
-        m = states[0][name].copy()
-        for s in states[1:]:
-            m += s[name]
-        merged[name] = m
+    merged = {name: _merge([s[name] for s in states]) for name in queries}
+    pooled = {}
+    if partitions > 1:  # on one partition this is the batch fit itself
+        t0 = time.process_time()
+        fits = partition_fit_states(runtime, config, parts, queries)
+        cpu["partition_fits_s"] = time.process_time() - t0
+        pooled = {name: _merge([f[name] for f in fits]) for name in queries}
     t0 = time.process_time()
     rep = replay_records(runtime, [r for p in parts for r in p])
     cpu["replay_s"] = time.process_time() - t0
@@ -94,22 +120,33 @@ def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit
         cpu[f"estimate_{name}_s"] = time.process_time() - t0
         entry = {"online": est, "batch": batch, "guarded": merged[name].guarded,
                  "state": repr(merged[name])}
+        if pooled:
+            entry["pooled_partition_fits"] = pooled[name].estimate().to_dict()
         out["queries"][name] = entry
         if "error" in est:
-            rows.append((name, "—", "not estimated: " + est["error"], "", "", ""))
+            rows.append((name, "—", "not estimated: " + est["error"], "", "", "", ""))
             continue
         for j, p in enumerate(est["params"]):
             v, se = est["value"][j], est["stderr"][j]
             bv, bse = batch["value"][j], batch["stderr"][j]
+            pf = entry.get("pooled_partition_fits")
             rows.append((name, p, f"{v:.5g} ± {se:.3g}", f"{bv:.5g} ± {bse:.3g}", se / bse,
-                         abs(v - bv) / bse))
+                         abs(v - bv) / bse, abs(pf["value"][j] - bv) / bse if pf else ""))
     out["cpu"] = cpu
-    out["rows"] = [dict(zip(("query", "param", "online", "batch", "se_ratio", "diff_over_batch_se"), r))
-                   for r in rows]
+    out["rows"] = [dict(zip(("query", "param", "online", "batch", "se_ratio", "diff_over_batch_se",
+                             "pooled_partition_fits_diff_over_batch_se"), r)) for r in rows]
     print(table(["query", "param", "online ± SE", "analyze (batch) ± SE", "online SE / batch SE",
-                 "|online − batch| / batch SE"], rows,
+                 "|online − batch| / batch SE", "|pooled partition fits − batch| / batch SE"], rows,
                 title=f"{rep.n:,} flights, {partitions} partitions"))
     return out
+
+
+def _merge(states: list):
+    """``states`` merged as serve merges partition checkpoints."""
+    m = states[0].copy()
+    for s in states[1:]:
+        m += s
+    return m
 
 
 def raw_truth(config, runtime, raw: dict, queries: tuple[str, ...] = QUERIES) -> dict:
@@ -125,8 +162,10 @@ def against_truth(run_out: dict, truth: dict) -> list[dict]:
     in units of its own SE, and whether its 95 % interval covers the raw-data value."""
     rows = []
     for name, entry in run_out["queries"].items():
-        for which in ("online", "batch"):
-            est = entry[which]
+        for which in ("online", "batch", "pooled_partition_fits"):
+            est = entry.get(which)
+            if est is None:
+                continue
             if "error" in est:
                 continue
             for p, v, se, lo, hi in zip(est["params"], est["value"], est["stderr"], est["ci_low"],
