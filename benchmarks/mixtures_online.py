@@ -7,7 +7,8 @@ by 0.3 rad, so that the canonical order — ascending first field — is well de
 = the centres' bounding box ± 4 SD, ZIL with the given (δ, λ). Reports as 10⁶ rows, folded in polls
 of 5000 (partition p gets rows ``i ≡ p mod 4``), the state defaults (warm-up 20000, blocks of
 1000; the mixture runs use fewer reports, ``--n-mixture``). Measured per parameter:
-(online − batch)/batch SE, (merged − batch)/batch SE and the SE ratios.
+(online − batch)/batch SE, (merged − batch)/batch SE, (merged − online)/batch SE and the SE
+ratios.
 
     python -m benchmarks.mixtures_online [--n 1000000] [--n-mixture 200000]
                                          [--kinds kmeans,gaussian_mixture]
@@ -81,10 +82,15 @@ def run_one(kind: str, n: int, delta: float, lam: float, seed: int) -> dict:
         "merged4": four.value.tolist(), "merged4_se": four.stderr.tolist(),
         "online_dev_se": ((one.value - batch.value) / se).tolist(),
         "merged4_dev_se": ((four.value - batch.value) / se).tolist(),
+        "merged4_vs_online_dev_se": ((four.value - one.value) / se).tolist(),
         "online_se_ratio": (one.stderr / se).tolist(), "merged4_se_ratio": (four.stderr / se).tolist(),
         "notes": list(one.notes) + list(four.notes) + [str(v) for v in batch.unidentified.values()],
         "seconds": {"online_one_pass": round(t_online, 1), "batch": round(t_batch, 1)},
     }
+
+
+HEADERS = ["kind", "(δ, λ)", "n", "max |online − batch|/SE", "max |merged4 − batch|/SE",
+           "max |merged4 − online|/SE", "online SE / batch SE", "merged4 SE / batch SE"]
 
 
 def _summary(r: dict) -> list:
@@ -99,7 +105,8 @@ def _summary(r: dict) -> list:
         return f"{a.min():.2f}–{a.max():.2f}"
 
     return [r["kind"], f"({r['zero_prob']}, {r['scale']})", f"{r['n']:.0e}", f"{mx('online_dev_se'):.2f}",
-            f"{mx('merged4_dev_se'):.2f}", rng_("online_se_ratio"), rng_("merged4_se_ratio")]
+            f"{mx('merged4_dev_se'):.2f}", f"{mx('merged4_vs_online_dev_se'):.2f}", rng_("online_se_ratio"),
+            rng_("merged4_se_ratio")]
 
 
 def main(argv=None) -> int:
@@ -116,12 +123,10 @@ def main(argv=None) -> int:
         for delta, lam in SETTINGS:
             r = run_one(kind, args.n if kind == "kmeans" else args.n_mixture, delta, lam, args.seed)
             results.append(r)
-            print(table(["kind", "(δ, λ)", "n", "max |online − batch|/SE", "max |merged4 − batch|/SE",
-                         "online SE / batch SE", "merged4 SE / batch SE"], [_summary(r)]), flush=True)
+            print(table(HEADERS, [_summary(r)]), flush=True)
     write_json("mixtures_online", {"command": "python -m benchmarks.mixtures_online "
                                    + " ".join(argv or []), "results": results, "machine": machine})
-    print(table(["kind", "(δ, λ)", "n", "max |online − batch|/SE", "max |merged4 − batch|/SE",
-                 "online SE / batch SE", "merged4 SE / batch SE"], [_summary(r) for r in results]))
+    print(table(HEADERS, [_summary(r) for r in results]))
     return 0
 
 
