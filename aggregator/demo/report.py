@@ -235,8 +235,9 @@ def render_markdown(report: dict, plots: list[str]) -> str:
               + (f"; {summ['without_interval']} parameters have no interval (see the notes below the table)"
                  if summ.get("without_interval") else "") + ". "
               "A 95 % interval misses about 1 time in 20. The quantile-regression intervals assume a "
-              "continuous response: on the flights' whole-minute delays the median regression's "
-              "intercept misses more often (docs/benchmarks.md, \"On the real flights data\").", "",
+              "continuous response, which the flights' whole-minute delays are not; how the streamed "
+              "regressions and k-means centres compare with the batch fit and the raw data at this "
+              "noise: docs/benchmarks.md §2.1 and docs/reproductions.md, \"The flights demo\".", "",
               "| query | param | estimate | stderr | 95 % CI | truth (non-private) | covered | n |",
               "|---|---|---|---|---|---|---|---|"]
     for r in report["estimates"]:
