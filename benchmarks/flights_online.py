@@ -15,14 +15,16 @@ states are merged as serve merges checkpoints. The batch reference is
 
 Reported per parameter of the queries (default the regressions ``late_arrival_logit`` and
 ``arr_on_dep_median``; ``--queries`` may add the k-means query ``flight_clusters``): online value ±
-stderr, batch value ± stderr, online SE / batch SE, and |online − batch| / batch SE; with
+stderr, batch value ± stderr, online SE / batch SE, and (online − batch) / batch SE; with
 ``--truth``, also each one's error against the fit of the raw (unprivatized) flights
 (``aggregator.demo.truth``) in units of its own SE, and whether its 95 % interval covers it.
 
 With more than one partition, also the **pooled partition fits**: every partition's batch fit of
 all its reports (a state whose warm-up is the whole partition), merged as serve merges states —
 the estimate a renewal that matched its partition's batch fit exactly would give, so
-|pooled partition fits − batch| is what pooling per-partition fits costs by itself.
+|pooled partition fits − batch| is what pooling per-partition fits costs by itself. And the
+**pooled warm-up fits**: the fits of every partition's first ``warm_up`` reports that its renewal
+starts from, merged likewise. The table gives signed differences (estimate − batch) / batch SE.
 """
 
 from __future__ import annotations
@@ -66,23 +68,37 @@ def fold_partition(runtime, records: list[bytes], states: dict | None = None) ->
     return states
 
 
+def _query_states(runtime, config, queries: tuple[str, ...], **renewable) -> dict:
+    """New states of ``queries`` with ``renewable`` options changed."""
+    from aggregator.state import build_state
+
+    states = {}
+    for name in queries:
+        q = next(x for x in config.queries if x.name == name)
+        if renewable:
+            q = q.model_copy(update={"renewable": q.renewable.model_copy(update=renewable)})
+        states[name] = build_state(q, runtime.schema, loss=config.losses.get(name))
+    return states
+
+
+def warm_up_fit_states(runtime, config, parts: list[list[bytes]], queries: tuple[str, ...]) -> list[dict]:
+    """Per partition, the states of ``queries`` after the records of its first ``warm_up``
+    reports only: each holds the warm-up fit the renewal starts from."""
+    out = []
+    for p in parts:
+        states = _query_states(runtime, config, queries)
+        need = max(st.opts.warm_up for st in states.values())
+        out.append(fold_partition(runtime, p[:-(-need // RECORD)], states))
+    return out
+
+
 def partition_fit_states(runtime, config, parts: list[list[bytes]], queries: tuple[str, ...]) -> list[dict]:
     """Per partition, the states of ``queries`` with a warm-up as long as the smallest partition:
     each holds its partition's batch fit (of all its reports but the few hundred that the larger
     partitions hold beyond the smallest, which renew it), not a renewal over blocks. Merged as
     serve merges them, they are what pooling per-partition batch fits gives."""
-    from aggregator.state import build_state
-
     n = min(sum(runtime.decode_many([r])[1][0] for r in p) for p in parts)
-    out = []
-    for p in parts:
-        states = {}
-        for name in queries:
-            q = next(x for x in config.queries if x.name == name)
-            q = q.model_copy(update={"renewable": q.renewable.model_copy(update={"warm_up": n})})
-            states[name] = build_state(q, runtime.schema, loss=config.losses.get(name))
-        out.append(fold_partition(runtime, p, states))
-    return out
+    return [fold_partition(runtime, p, _query_states(runtime, config, queries, warm_up=n)) for p in parts]
 
 
 def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit: int | None,
@@ -102,6 +118,8 @@ def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit
         fits = partition_fit_states(runtime, config, parts, queries)
         cpu["partition_fits_s"] = time.process_time() - t0
         pooled = {name: _merge([f[name] for f in fits]) for name in queries}
+    warm = warm_up_fit_states(runtime, config, parts, queries)
+    warm = {name: _merge([w[name] for w in warm]) for name in queries}
     t0 = time.process_time()
     rep = replay_records(runtime, [r for p in parts for r in p])
     cpu["replay_s"] = time.process_time() - t0
@@ -122,21 +140,24 @@ def run(config, runtime, records: list[bytes], partitions: int, seed: int, limit
                  "state": repr(merged[name])}
         if pooled:
             entry["pooled_partition_fits"] = pooled[name].estimate().to_dict()
+        entry["warm_up_fits"] = warm[name].estimate().to_dict()
         out["queries"][name] = entry
         if "error" in est:
-            rows.append((name, "—", "not estimated: " + est["error"], "", "", "", ""))
+            rows.append((name, "—", "not estimated: " + est["error"], "", "", "", "", ""))
             continue
         for j, p in enumerate(est["params"]):
             v, se = est["value"][j], est["stderr"][j]
             bv, bse = batch["value"][j], batch["stderr"][j]
             pf = entry.get("pooled_partition_fits")
             rows.append((name, p, f"{v:.5g} ± {se:.3g}", f"{bv:.5g} ± {bse:.3g}", se / bse,
-                         abs(v - bv) / bse, abs(pf["value"][j] - bv) / bse if pf else ""))
+                         (v - bv) / bse, (pf["value"][j] - bv) / bse if pf else "",
+                         (entry["warm_up_fits"]["value"][j] - bv) / bse))
     out["cpu"] = cpu
-    out["rows"] = [dict(zip(("query", "param", "online", "batch", "se_ratio", "diff_over_batch_se",
-                             "pooled_partition_fits_diff_over_batch_se"), r)) for r in rows]
+    out["rows"] = [dict(zip(("query", "param", "online", "batch", "se_ratio", "z_online",
+                             "z_pooled_partition_fits", "z_warm_up_fits"), r)) for r in rows]
     print(table(["query", "param", "online ± SE", "analyze (batch) ± SE", "online SE / batch SE",
-                 "|online − batch| / batch SE", "|pooled partition fits − batch| / batch SE"], rows,
+                 "(online − batch) / batch SE", "(pooled partition fits − batch) / batch SE",
+                 "(pooled warm-up fits − batch) / batch SE"], rows,
                 title=f"{rep.n:,} flights, {partitions} partitions"))
     return out
 
