@@ -154,10 +154,12 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "benchmarks.pipeline"]
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen:
-    """Start ``python -m benchmarks.pipeline <args>`` (its own session, output appended to ``log``)."""
-    return spawn_process(_python() + args, log_path=log, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+def spawn(args: list[str], log: Path, tree: Path = ROOT) -> subprocess.Popen:
+    """Start ``python -m benchmarks.pipeline <args>`` of the source tree ``tree`` (default this
+    checkout; ``benchmarks/worker_ab.py`` passes an exported earlier commit) in its own session,
+    output appended to ``log``."""
+    return spawn_process(_python() + args, log_path=log, cwd=tree,
+                         env={**os.environ, "PYTHONPATH": str(tree)})
 
 
 def wait_files(paths: list[Path], procs: list[subprocess.Popen], timeout: float) -> None:

@@ -97,7 +97,7 @@ def partition_fit_states(runtime, config, parts: list[list[bytes]], queries: tup
     each holds its partition's batch fit (of all its reports but the few hundred that the larger
     partitions hold beyond the smallest, which renew it), not a renewal over blocks. Merged as
     serve merges them, they are what pooling per-partition batch fits gives."""
-    n = min(sum(runtime.decode_many([r])[1][0] for r in p) for p in parts)
+    n = min(sum(runtime.decode_many(p)[1]) for p in parts)
     return [fold_partition(runtime, p, _query_states(runtime, config, queries, warm_up=n)) for p in parts]
 
 

@@ -110,6 +110,7 @@ def _run_worker(
     gate: bool = False,
     rss_marks: str = "",
     profile: bool = False,
+    tree: Path = ROOT,
 ) -> tuple[subprocess.Popen, dict]:
     files = {k: tmp / f"{tag}.{k}" for k in ("out", "ready", "go", "prof", "log")}
     args = [
@@ -131,7 +132,7 @@ def _run_worker(
         args += ["--rss-marks", rss_marks]
     if profile:
         args += ["--profile", str(files["prof"])]
-    return spawn(args, files["log"]), files
+    return spawn(args, files["log"], tree), files
 
 
 def _fresh_group(tmp, cfg_path: Path, suffix: str) -> Path:

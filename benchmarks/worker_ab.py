@@ -82,15 +82,11 @@ def export_tree(rev: str, dest: Path) -> str:
 
 
 def _worker_pass(tree: Path, cfg: Path, tmp: Path, tag: str, max_reports: int) -> dict:
-    """One pass of ``tree``'s timed worker (``python -m benchmarks.pipeline _worker``)."""
+    """One pass of ``tree``'s timed worker (its ``python -m benchmarks.pipeline _worker``)."""
+    from benchmarks import pipeline as P
     from benchmarks._pipeline_common import reap
-    from ingest.processes import spawn_process
 
-    files = {k: tmp / f"{tag}.{k}" for k in ("out", "ready", "log")}
-    proc = spawn_process([sys.executable, "-m", "benchmarks.pipeline", "_worker", "--config", str(cfg),
-                          "--max-reports", str(max_reports), "--out", str(files["out"]),
-                          "--ready", str(files["ready"]), "--expect", "1"],
-                         log_path=files["log"], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+    proc, files = P._run_worker(tmp, cfg, tag, max_reports, tree=tree)
     reap([proc], 1800)
     if not files["out"].exists():
         raise RuntimeError(f"the worker of {tree} wrote no result; see {files['log']}")
@@ -131,10 +127,11 @@ def run(base: str, drop: tuple[str, ...], repeats: int, n_records: int) -> dict:
         cfg = write_pipeline(tmp, boot, tag, drop_kinds=drop)
         text = re.sub(r'schema = "[^"]*"', f'schema = "{made["schema"]}"', cfg.read_text(), count=1)
         cfg.write_text(re.sub(r'reports = "[^"]*"', f'reports = "{topic}"', text, count=1))
-        ensure_topics(load_config(cfg))
+        config = load_config(cfg)
+        ensure_topics(config)
         pool = report_pool(schema, 100_000)
         raw_produce(boot, topic, stream_records(pool, RECORD, n_records), n_records)
-        trim = load_config(cfg).worker.malloc_trim_threshold_mib
+        trim = config.worker.malloc_trim_threshold_mib
         n = n_records * RECORD
         # one pass of each worker first, not kept: it compiles the base tree's numba kernels into
         # that tree's cache (this checkout's are compiled by ``make``)
@@ -157,7 +154,7 @@ def run(base: str, drop: tuple[str, ...], repeats: int, n_records: int) -> dict:
             print(f"  repeat {i + 1}/{repeats}: raw {r_raw:,.0f}/s, this checkout {row['head']:,.0f}/s "
                   f"({row['head'] / r_raw:.0%}), base {row['base']:,.0f}/s ({row['base'] / r_raw:.0%})",
                   flush=True)
-        queries = [q.name for q in load_config(cfg).queries]
+        queries = [q.name for q in config.queries]
     med = lambda k: float(np.median([p[k] / p["raw"] for p in passes]))  # noqa: E731
     return {
         "base": full, "head": _head(), "drop": list(drop), "queries": queries, "records": n_records,
