@@ -3,7 +3,8 @@
 Property checked on every input: ``decode`` either raises a :class:`ingest.errors.DecodeError`
 whose ``reason`` is one of :data:`ingest.codec.DECODE_REASONS` other than ``internal_error``, or
 returns a :class:`ReportBatch` that re-encodes to a record decoding to the same batch (finite
-numerics, codes and bit positions inside their domains). Anything else — another exception type,
+numerics, codes and bit positions inside their domains, at most one non-sensitive bit per uRAP
+report). Anything else — another exception type,
 ``internal_error`` (the decoder's safety net caught a bug), a non-finite value, an index outside
 its domain — is a crash.
 
@@ -46,8 +47,9 @@ MAX_BYTES = 1 << 20
 
 
 def schemas() -> list[TelemetrySchema]:
-    """The flights example schema and three small schemas (uRR only; uRAP-only with k = 300; one
-    with ``[event_time]`` at a resolution of 1 h, a uRR and a uRAP field)."""
+    """The flights example schema and four small schemas (uRR only; uRAP-only with k = 300 and one
+    sensitive category; one with ``[event_time]`` at a resolution of 1 h, a uRR and a uRAP field;
+    uRAP-only with k = 300 and all but one category sensitive)."""
     flights = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml")
     small = TelemetrySchema.from_dict({
         "name": "fuzz_urr", "numeric": {"zero_prob": 0.1, "scale": 1.0,
@@ -58,15 +60,23 @@ def schemas() -> list[TelemetrySchema]:
         "name": "fuzz_urap",
         "categorical": [{"name": "c", "categories": [f"v{j}" for j in range(300)], "sensitive": ["v0"],
                          "mechanism": "urap", "epsilon": 1.0}]})
+    # all but one of 300 categories sensitive: an all-ones report is possible (one non-sensitive
+    # bit) and takes the bitmap layout
+    dense = TelemetrySchema.from_dict({
+        "name": "fuzz_bitmap",
+        "categorical": [{"name": "c", "categories": [f"v{j}" for j in range(300)],
+                         "sensitive": [f"v{j}" for j in range(299)], "mechanism": "urap",
+                         "epsilon": 1.0}]})
     timed = TelemetrySchema.from_dict({
         "name": "fuzz_time", "numeric": {"zero_prob": 0.1, "scale": 1.0,
                                          "fields": [{"name": "x", "low": 0.0, "high": 1.0}]},
         "categorical": [{"name": "c", "categories": [f"v{j}" for j in range(5)], "sensitive": ["v0"],
                          "mechanism": "urr", "epsilon": 1.0},
-                        {"name": "u", "categories": [f"v{j}" for j in range(12)], "sensitive": ["v0"],
-                         "mechanism": "urap", "epsilon": 1.0}],
+                        {"name": "u", "categories": [f"v{j}" for j in range(12)],
+                         "sensitive": [f"v{j}" for j in range(11)], "mechanism": "urap",
+                         "epsilon": 1.0}],
         "event_time": {"field": "t", "resolution": "1h"}})
-    return [flights, small, wide, timed]
+    return [flights, small, wide, timed, dense]
 
 
 KNOWN = {s.fingerprint: s for s in schemas()}
@@ -89,10 +99,10 @@ def seed_records(rng: np.random.Generator | None = None) -> list[bytes]:
             if s.event_time is not None:  # 2013: offsets up to 8759 h, 2-byte offsets for n = 7
                 cols[s.event_time.field] = rng.integers(1356998400, 1388534400, n)
             out.append(encode(priv.privatize_batch(cols), time_resolution=s.time_resolution_s))
-    # an all-ones uRAP report forces the bitmap layout
-    wide = schemas()[2]
-    out.append(encode(ReportBatch(wide.fingerprint, np.empty((2, 0)),
-                                  {"c": SparseBits.from_dense(np.ones((2, wide.categorical[0].k), bool))})))
+    # an all-ones uRAP report (one non-sensitive bit) forces the bitmap layout
+    wide, dense = schemas()[2], schemas()[4]
+    out.append(encode(ReportBatch(dense.fingerprint, np.empty((2, 0)),
+                                  {"c": SparseBits.from_dense(np.ones((2, dense.categorical[0].k), bool))})))
     out.append(encode(ReportBatch(wide.fingerprint, np.empty((0, 0)),
                                   {"c": SparseBits.from_dense(np.zeros((0, wide.categorical[0].k), bool))})))
     # TIME blocks: 1-byte offsets (a few hours), 4-byte offsets (1970 … the last whole hour before
@@ -146,6 +156,9 @@ def check_one(data: bytes) -> str:
             if isinstance(col, SparseBits):
                 assert col.k == c.k and col.n == batch.n
                 assert col.indices.size == 0 or (0 <= col.indices.min() and col.indices.max() < c.k)
+                sens = np.isin(np.arange(c.k), c.sensitive_codes)
+                assert all((~sens[col.indices[a:b]]).sum() <= 1  # uRAP: ≤ 1 non-sensitive bit
+                           for a, b in zip(col.offsets[:-1], col.offsets[1:], strict=True))
             else:
                 assert col.shape == (batch.n,) and (col.size == 0 or (col.min() >= 0 and col.max() < c.k))
         res = schema.time_resolution_s

@@ -159,7 +159,8 @@ def scan(buf, starts, fp, magic, version, d, is_codes, ks, time_res, max_reports
 
 @jit(nogil=True)
 def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-         popcount, bitpos, max_positions, tlay, time_res, event_time):  # pragma: no cover - compiled
+         popcount, bitpos, max_positions, tlay, time_res, event_time, nsmask,
+         nsbyte):  # pragma: no cover - compiled
     """Value checks and the columns of records that passed :func:`scan` (all of them).
 
     ``numeric (N, d)``, ``codes (n_codes_fields, N)`` int32, ``offsets (n_urap_fields, N + 1)``
@@ -168,7 +169,9 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
     ``j``'s row in ``codes`` or ``offsets``; ``max_positions`` bounds the positions of one sparse
     block. With ``time_res`` > 0, ``event_time (N,)`` int64 gets the Unix seconds of the TIME
     blocks at ``tlay``. Stops at the first refused record and returns 1; returns 0 when every
-    record passes.
+    record passes. ``nsmask[s, v]`` is 1 where position ``v`` of uRAP field ``s`` is
+    non-sensitive and ``nsbyte[s, b, byte]`` counts the non-sensitive bits of ``byte`` at bitmap
+    byte ``b``: a report with more than one non-sensitive bit is refused.
     """
     nurap = offsets.shape[0]
     cur = np.zeros(nurap, np.int64)  # positions written so far, per uRAP field
@@ -223,10 +226,17 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
                     ok = False
                     break
                 prev = np.int64(-1)
+                nsc = np.int64(0)  # non-sensitive bits of the current report
                 for t in range(m):
                     v = _uint(buf, q0 + t * w, w)
+                    start = mark[t] == stamp
                     # v < k, and strictly above the previous position unless a report starts here
-                    ok &= (v < k) & ((v > prev) | (mark[t] == stamp))
+                    ok &= (v < k) & ((v > prev) | start)
+                    if start:
+                        nsc = 0
+                    if v < k:
+                        nsc += nsmask[s, v]
+                    ok &= nsc <= 1
                     prev = v
                     indices[base + c + t] = v
                 stamp += 1
@@ -235,8 +245,10 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
                 rb = (k + 7) // 8
                 for i in range(n):
                     q = p + i * rb
+                    nsc = np.int64(0)
                     for b in range(rb):
                         v = buf[q + b]
+                        nsc += nsbyte[s, b, v]
                         # all 8 slots written (the set bits' positions, then padding that the
                         # next byte overwrites; the field has 8 slots of slack): a fixed trip
                         # count instead of one that mispredicts per byte
@@ -244,6 +256,8 @@ def fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, i
                             indices[base + c + t] = 8 * b + bitpos[v, t]
                         c += popcount[v]
                     offsets[s, row0 + i + 1] = c
+                    if nsc > 1:
+                        ok = False  # more non-sensitive bits than uRAP sets
                     if rb * 8 > k and buf[q + rb - 1] >> (k - 8 * (rb - 1)):
                         ok = False  # a padding bit (position >= k) is set
                 cur[s] = c
@@ -323,8 +337,9 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     indices = np.empty(int(per_field.sum()) + _SLACK * per_field.size, dtype=np.int32)
     max_positions = int(nnz.max(initial=0))
     event_time = np.empty(n_total if time_res else 0, dtype=np.int64)
+    nsmask, nsbyte = _non_sensitive_tables(schema)
     if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
-            _POPCOUNT, _BITPOS, max_positions, tlay, time_res, event_time):
+            _POPCOUNT, _BITPOS, max_positions, tlay, time_res, event_time, nsmask, nsbyte):
         return None
     columns = []
     for j in range(ncat):
@@ -334,6 +349,33 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
         else:
             columns.append((indices[ibase[s]:ibase[s] + per_field[s]], offsets[s]))
     return numeric, columns, ns, (event_time if time_res else None)
+
+
+_TABLES: dict = {}
+
+
+def _non_sensitive_tables(schema) -> tuple[np.ndarray, np.ndarray]:
+    """``fill``'s ``nsmask`` (uint8 ``(n_urap, max k)``) and ``nsbyte`` (int64 ``(n_urap, max
+    bytes, 256)``) of ``schema``'s uRAP fields, from :func:`ingest.codec.non_sensitive_mask`
+    (cached per fingerprint)."""
+    key = bytes(schema.fingerprint)
+    out = _TABLES.get(key)
+    if out is None:
+        masks = [codec.non_sensitive_mask(f.k, f.sensitive_codes)
+                 for f in schema.categorical if f.mechanism != "urr"]
+        kmax = max((m.size for m in masks), default=1)
+        rbmax = (kmax + 7) // 8
+        nsmask = np.zeros((max(len(masks), 1), kmax), dtype=np.uint8)
+        nsbyte = np.zeros((max(len(masks), 1), rbmax, 256), dtype=np.int64)
+        bits = (np.arange(256)[:, None] >> np.arange(8)) & 1  # (256, 8): a byte's bits, LSB first
+        for s, m in enumerate(masks):
+            nsmask[s, :m.size] = m
+            padded = np.zeros(rbmax * 8, dtype=np.int64)
+            padded[:m.size] = m
+            for b in range(rbmax):
+                nsbyte[s, b] = bits @ padded[8 * b:8 * b + 8]
+        out = _TABLES[key] = (nsmask, nsbyte)
+    return out
 
 
 def warm() -> None:
@@ -347,4 +389,4 @@ def warm() -> None:
          tlay)
     fill(buf, z, z[:0], lay, 0, b, z, z, np.zeros((0, 0)), np.zeros((1, 0), np.int32),
          np.zeros((0, 1), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), _POPCOUNT, _BITPOS, 0,
-         tlay, 0, np.zeros(0, np.int64))
+         tlay, 0, np.zeros(0, np.int64), np.zeros((1, 1), np.uint8), np.zeros((1, 1, 256), np.int64))

@@ -27,6 +27,7 @@ in :mod:`ingest.errors` and importable from here.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,7 @@ from ingest.errors import (
     BadLengthError,
     BadMagicError,
     DecodeError,
+    ImpossibleReportError,
     InternalDecodeError,
     MalformedError,
     NonFiniteError,
@@ -80,6 +82,7 @@ __all__ = [
     "MAGIC",
     "BadLengthError",
     "BadMagicError",
+    "ImpossibleReportError",
     "InternalDecodeError",
     "MalformedError",
     "NonFiniteError",
@@ -109,8 +112,9 @@ _U8 = struct.Struct("<Q")
 DECODE_REASONS = tuple(
     c.reason
     for c in (TruncatedError, BadMagicError, UnsupportedVersionError, UnknownFingerprintError,
-              SchemaMismatchError, BadLengthError, NonFiniteError, OutOfRangeError, TooLargeError,
-              TrailingBytesError, MalformedError, InternalDecodeError)
+              SchemaMismatchError, BadLengthError, NonFiniteError, OutOfRangeError,
+              ImpossibleReportError, TooLargeError, TrailingBytesError, MalformedError,
+              InternalDecodeError)
 )
 
 
@@ -158,7 +162,8 @@ def decode(data: bytes, known_schemas: Mapping[bytes, TelemetrySchema], *,
     DecodeError
         Always a subclass with a ``reason`` label: ``truncated``, ``bad_magic``,
         ``unsupported_version``, ``unknown_fingerprint``, ``schema_mismatch``, ``bad_length``,
-        ``non_finite``, ``out_of_range``, ``too_large``, ``trailing_bytes``, ``malformed``
+        ``non_finite``, ``out_of_range``, ``impossible_report`` (a uRAP report with more than
+        one non-sensitive bit), ``too_large``, ``trailing_bytes``, ``malformed``
         (``internal_error`` would mean a decoder bug). Never any other exception.
     """
     try:
@@ -433,6 +438,9 @@ def _materialize(parsed: list[_Parsed]) -> ReportBatch:
         parts = [(_positions(starts[m], ns[m]), _decode_group(f, j, [parsed[i] for i in m]))
                  for m in groups.values()]
         cat[f.name] = _interleave(parts, n)
+    for f in schema.categorical:
+        if f.mechanism == "urap":
+            check_non_sensitive(f.name, cat[f.name], non_sensitive_mask(f.k, f.sensitive_codes))
     t = _decode_times(parsed) if schema.event_time is not None else None
     return ReportBatch(p0.fp, numeric, cat, t)
 
@@ -471,6 +479,48 @@ def _decode_group(f, j: int, parsed: list[_Parsed]):
         return _decode_sparse(f.name, lens, idx, [p.n for p in parsed], nnz, k)
     raw = _join(payloads, np.uint8).reshape(sum(p.n for p in parsed), (k + 7) // 8)
     return _decode_bitmap(f.name, raw, k)
+
+
+@functools.lru_cache(maxsize=256)
+def non_sensitive_mask(k: int, sensitive_codes: tuple[int, ...]) -> np.ndarray:
+    """uint8 ``(k,)``: 1 at the non-sensitive positions of a uRAP field of ``k`` bits whose
+    sensitive positions are ``sensitive_codes`` (read-only; cached)."""
+    mask = np.ones(k, dtype=np.uint8)
+    mask[list(sensitive_codes)] = 0
+    mask.flags.writeable = False
+    return mask
+
+
+def check_non_sensitive(name: str, col: SparseBits, mask: np.ndarray) -> None:
+    """Refuse a uRAP column in which a report has more than one non-sensitive bit set.
+
+    Under uRAP (Murakami & Kawamoto 2019, §4.2; docs/frequency.md §3) a report carries at most
+    one non-sensitive bit (the user's own value, when it is non-sensitive); the estimators count
+    on it.
+
+    Parameters
+    ----------
+    name : str
+        The field, for the message.
+    col : SparseBits
+        The column, positions < ``mask.size``.
+    mask : ndarray of uint8, shape (k,)
+        :func:`non_sensitive_mask` of the field.
+
+    Raises
+    ------
+    ImpossibleReportError
+        Naming the first such report and its count.
+    """
+    if col.n == 0 or col.indices.size == 0:
+        return
+    cs = np.zeros(col.indices.size + 1, dtype=np.int64)
+    np.cumsum(mask[col.indices], out=cs[1:])
+    n_ns = cs[col.offsets[1:]] - cs[col.offsets[:-1]]
+    if n_ns.max() > 1:
+        bad = int(np.argmax(n_ns > 1))
+        raise ImpossibleReportError(f"field {name!r}: report {bad} has {int(n_ns[bad])} non-sensitive "
+                                    "bits set (uRAP sets at most 1)")
 
 
 def _positions(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:

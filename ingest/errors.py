@@ -76,6 +76,14 @@ class OutOfRangeError(DecodeError):
     reason = "out_of_range"
 
 
+class ImpossibleReportError(DecodeError):
+    """A report that the field's mechanism cannot produce: a uRAP report with more than one
+    non-sensitive bit set (docs/frequency.md §3). The states rely on this, so the decoder refuses
+    it before any state sees it."""
+
+    reason = "impossible_report"
+
+
 class TooLargeError(DecodeError):
     """The record exceeds ``max_bytes`` or declares more than ``max_reports`` reports."""
 

@@ -30,8 +30,11 @@ def make_schema(d: int, cats: list[tuple[str, int]], resolution: str | None = No
         data["numeric"] = {"zero_prob": 0.1, "scale": 1.0,
                            "fields": [{"name": f"x{j}", "low": 0.0, "high": 1.0} for j in range(d)]}
     for i, (mech, k) in enumerate(cats):
+        # uRAP: all but the last category sensitive, so that any bit pattern is a possible report
+        # (at most one non-sensitive bit; the refusal of others is tested on its own)
+        sens = ["v0"] if mech == "urr" else [f"v{j}" for j in range(k - 1)]
         data["categorical"].append({"name": f"c{i}", "categories": [f"v{j}" for j in range(k)],
-                                    "sensitive": ["v0"], "mechanism": mech, "epsilon": 1.0})
+                                    "sensitive": sens, "mechanism": mech, "epsilon": 1.0})
     return TelemetrySchema.from_dict(data)
 
 
