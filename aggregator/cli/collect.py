@@ -36,9 +36,15 @@ def register(subparsers) -> None:
         "collect-token", help="mint a collector token: append its hash to the token file, print it once",
         description="Create a random token (256 bits), append 'ID sha256:HASH [EXPIRES]' to the token "
                     "file (created with mode 0600; an existing one must be private and valid) and "
-                    "print the token once on stdout. A running collector picks it up within a few "
-                    "seconds. Give the token to the devices (a file of mode 0600, docs/devices.md §6.4).")
-    t.add_argument("--token-file", required=True, help="the collector's token file ([collector] token_file)")
+                    "print the token once on stdout; stderr says which file. The file is the "
+                    "pipeline's [collector] token_file (--config, resolved relative to the pipeline "
+                    "file, as collect reads it) or --token-file. A running collector picks the token "
+                    "up within a few seconds. Give it to the devices (a file of mode 0600, "
+                    "docs/devices.md §6.4).")
+    where = t.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", default=None,
+                       help="pipeline TOML file: mint into its [collector] token_file")
+    where.add_argument("--token-file", default=None, help="the token file itself")
     t.add_argument("--id", required=True, dest="token_id",
                    help="name of the token (1-64 of A-Z a-z 0-9 . _ : -), unique in the file; logged")
     t.add_argument("--expires", default=None,
@@ -47,8 +53,43 @@ def register(subparsers) -> None:
     t.set_defaults(func=run_token)
 
 
+#: how to set the token file, in the one line of a pipeline without one
+_SET_TOKEN_FILE = ("add token_file = \"FILE\" to its [collector] section; a relative path is read "
+                   "relative to the pipeline file")
+
+
+def token_file_of(config: str):
+    """The ``[collector] token_file`` of the pipeline file ``config``, resolved relative to it.
+
+    Parameters
+    ----------
+    config : str or Path
+        The pipeline TOML file.
+
+    Returns
+    -------
+    Path
+        The token file, as ``ldp-stream collect`` reads it.
+
+    Raises
+    ------
+    aggregator.errors.ConfigError
+        The file does not load, or sets no ``token_file``.
+    """
+    from aggregator.config import PipelineConfig
+    from aggregator.errors import ConfigError
+
+    path = PipelineConfig.load(config).collector.token_file
+    if path is None:
+        raise ConfigError(f"collector.token_file is not set in {config} ({_SET_TOKEN_FILE})")
+    return path
+
+
 def run_token(args: argparse.Namespace) -> int:
-    """Mint one token; print it on stdout."""
+    """Mint one token into ``--token-file`` or the ``--config``'s token file; print it on stdout
+    and the file's path on stderr."""
+    import os
+
     from aggregator.collector.tokens import mint_token, parse_expiry
     from aggregator.errors import CLIError
     from ingest.event_time import iso_utc
@@ -59,11 +100,12 @@ def run_token(args: argparse.Namespace) -> int:
             expires = parse_expiry(args.expires)
         except ValueError as exc:
             raise CLIError(f"--expires: {exc}") from None
-    token = mint_token(args.token_file, args.token_id, expires)
+    path = token_file_of(args.config) if args.config is not None else args.token_file
+    token = mint_token(path, args.token_id, expires)
     print(token, flush=True)
     until = f", expires {iso_utc(expires)}" if expires is not None else ""
-    print(f"ldp-stream collect-token: added {args.token_id!r} to {args.token_file}{until}; the token "
-          "above is shown once", file=sys.stderr)
+    print(f"ldp-stream collect-token: added {args.token_id!r} to {os.path.abspath(path)}{until}; the "
+          "token above is shown once", file=sys.stderr)
     return 0
 
 
@@ -98,8 +140,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = PipelineConfig.load(args.config)
     section = cfg.collector
     if section.token_file is None:
-        raise ConfigError("collector.token_file: required by ldp-stream collect (mint a token with "
-                          "ldp-stream collect-token --token-file FILE --id NAME)")
+        raise ConfigError(f"collector.token_file: required by ldp-stream collect, not set in "
+                          f"{args.config} ({_SET_TOKEN_FILE}; then mint tokens with ldp-stream "
+                          f"collect-token --config {args.config} --id NAME)")
     host = args.host or section.host
     port = section.port if args.port is None else args.port
     if not 0 <= port <= 65535:

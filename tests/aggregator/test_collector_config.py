@@ -22,12 +22,23 @@ def cfg(**collector) -> PipelineConfig:
     return PipelineConfig.from_dict({**BASE, "collector": collector}, validate=False)
 
 
-def test_a_config_without_collector_loads_with_the_defaults():
-    c = PipelineConfig.load(ROOT / "examples" / "flights.pipeline.toml")
-    s = c.collector
+def test_a_config_without_collector_loads_with_the_defaults(tmp_path):
+    p = tmp_path / "p.pipeline.toml"
+    p.write_text(f'[pipeline]\nname = "p"\nschema = "{SCHEMA}"\n')
+    s = PipelineConfig.load(p).collector
     assert (s.host, s.port, s.token_file, s.max_body_bytes) == ("127.0.0.1", 8090, None, 8 << 20)
     assert (s.idempotency_window_s, s.ack_timeout_s) == (900.0, 10.0)
     assert s.delivery_timeout_s < s.idempotency_window_s
+
+
+def test_the_example_pipeline_has_a_loopback_collector_with_its_token_file_beside_it():
+    """README's ``ldp-stream collect --config`` on a copy of the example needs no edit of it."""
+    example = ROOT / "examples" / "flights.pipeline.toml"
+    c = PipelineConfig.load(example)
+    s = c.collector
+    assert s.host == "127.0.0.1" and s.port == 8090
+    assert s.token_file == example.parent / "flights.tokens"
+    assert s.tls_certfile is None and s.max_body_bytes <= c.worker.max_record_bytes
 
 
 def test_the_default_body_limit_follows_a_smaller_worker_record_limit():

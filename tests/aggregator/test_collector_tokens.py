@@ -144,3 +144,44 @@ def test_collect_token_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args,
     assert main(["collect-token", "--token-file", str(tmp_path / "t"), *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and words in err
+
+
+def _pipeline_in(directory, collector: str):
+    from pathlib import Path
+
+    schema = Path(__file__).resolve().parents[2] / "examples" / "flights.schema.toml"
+    directory.mkdir(parents=True, exist_ok=True)
+    p = directory / "p.pipeline.toml"
+    p.write_text(f'[pipeline]\nname = "p"\nschema = "{schema}"\n[collector]\n{collector}')
+    return p
+
+
+def test_collect_token_with_config_writes_the_token_file_the_collector_reads(tmp_path, capsys,
+                                                                             monkeypatch):
+    """``--config`` mints into ``[collector] token_file`` resolved as ``collect`` resolves it
+    (relative to the pipeline file), not relative to the working directory."""
+    from aggregator.config import PipelineConfig
+
+    config = _pipeline_in(tmp_path / "conf", 'token_file = "collector.tokens"\n')
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["collect-token", "--config", str(config), "--id", "fleet-a"]) == 0
+    out, err = capsys.readouterr()
+    token = out.strip()
+    expected = tmp_path / "conf" / "collector.tokens"
+    assert PipelineConfig.load(config).collector.token_file == expected
+    assert list(elsewhere.iterdir()) == [] and str(expected) in err
+    assert TokenStore(expected).authenticate(f"Bearer {token}").id == "fleet-a"
+
+
+def test_collect_token_config_refusals_are_one_line_exit_2(tmp_path, capsys):
+    config = _pipeline_in(tmp_path, "")
+    assert main(["collect-token", "--config", str(config), "--id", "x"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "collector.token_file is not set" in err, err
+    with pytest.raises(SystemExit) as info:  # one token file: from the config or the flag
+        main(["collect-token", "--config", str(config), "--token-file", str(tmp_path / "t"), "--id", "x"])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "" and err.count("\n") == 1 and "not allowed with" in err
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["p.pipeline.toml"]
