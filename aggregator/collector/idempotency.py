@@ -122,6 +122,9 @@ class IdempotencyTable:
         self.expired = 0
         #: called once per evicted key (the metrics count them)
         self.on_evict: Callable[[], None] | None = None
+        #: called once per entry that becomes accepted — acknowledged, also after its request gave
+        #: up waiting, or found by a read-back: its record is in the topic (the metrics count it)
+        self.on_accept: Callable[[Entry], None] | None = None
 
     # ------------------------------------------------------------------ reading
     def lookup(self, scope: str, key: str) -> Entry | None:
@@ -227,6 +230,8 @@ class IdempotencyTable:
             entry.accepted_at = self._clock()
             self._accepted[k] = entry
             self._accepted.move_to_end(k)
+            if self.on_accept is not None:
+                self.on_accept(entry)
             self._expire()
             while len(self._accepted) > self.max_keys:
                 self._accepted.popitem(last=False)

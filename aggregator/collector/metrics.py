@@ -48,8 +48,9 @@ class CollectorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.reports_accepted = Counter("ldp_collector_reports_accepted", "Reports forwarded to Kafka "
-                                        "and acknowledged (duplicates not counted).", registry=r)
+        self.reports_accepted = Counter("ldp_collector_reports_accepted", "Reports of the batches known "
+                                        "to be in the reports topic, each batch once: acknowledged "
+                                        "by Kafka or found by a read-back.", registry=r)
         self.batches = Counter("ldp_collector_batches", "POST /v1/reports answered, by outcome.",
                                ["outcome"], registry=r)
         self.refused = Counter("ldp_collector_refused", "Requests refused, by error code.", ["reason"],
@@ -77,12 +78,15 @@ class CollectorMetrics:
 
     def bind(self, table) -> None:
         """Read the gauges from an :class:`~aggregator.collector.idempotency.IdempotencyTable`
-        when scraped."""
+        when scraped, and count its evictions and the reports of every entry that becomes
+        accepted (``ldp_collector_reports_accepted_total``: each batch in the topic once, also
+        one acknowledged after its request was answered 503 or found by a read-back)."""
         self.inflight_bytes.set_function(lambda: table.inflight_bytes)
         self.keys.labels(state="in_flight").set_function(lambda: table.inflight)
         self.keys.labels(state="accepted").set_function(lambda: table.accepted)
         self.keys.labels(state="unconfirmed").set_function(lambda: table.unconfirmed)
         table.on_evict = self.evictions.inc
+        table.on_accept = lambda entry: self.reports_accepted.inc(entry.reports)
 
     def refuse(self, code: str) -> None:
         """Count a refused request with error ``code``."""

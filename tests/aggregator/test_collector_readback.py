@@ -76,6 +76,35 @@ def test_a_lost_acknowledgement_is_found_by_the_read_back_and_not_written_twice(
     assert metric(text, "ldp_collector_batches_total", outcome="duplicate") == 2
 
 
+def test_reports_accepted_counts_batches_settled_by_a_read_back_or_a_late_ack(tmp_path):
+    """``ldp_collector_reports_accepted_total`` counts every record known to be in the topic
+    once, also those whose first request was answered 503: a lost acknowledgement found by the
+    read-back, an acknowledgement that came after ``ack_timeout_s``."""
+    from ingest.codec import decode
+    from tests.aggregator.collector_support import SCHEMA
+
+    s = Served(tmp_path, ack_timeout_s=0.3)
+    try:
+        lost, late, plain = body(6, 1), body(4, 2), body(3, 3)
+        s.transport.mode = "lost-ack"  # stored, then the connection dropped
+        assert s.post(lost, "c-lost")[0] == 503
+        s.transport.mode = "hold"
+        assert s.post(late, "c-late")[0] == 503  # no acknowledgement within ack_timeout_s
+        s.transport.ack_all()  # ... it comes later
+        s.transport.mode = "ack"
+        assert s.post(lost, "c-lost")[1]["duplicate"] is True  # read back: found
+        assert s.post(late, "c-late")[1]["duplicate"] is True
+        assert s.post(plain, "c-plain")[1]["duplicate"] is False
+        assert s.post(plain, "c-plain")[1]["duplicate"] is True
+        in_topic = sum(decode(v, {SCHEMA.fingerprint: SCHEMA}).n for v in s.transport.delivered)
+        text = s.get("/metrics")[1]
+        assert in_topic == 13 and metric(text, "ldp_collector_reports_accepted_total") == in_topic
+        assert metric(text, "ldp_collector_readbacks_total", outcome="found") == 1
+        assert metric(text, "ldp_collector_batches_total", outcome="accepted") == 1
+    finally:
+        s.close()
+
+
 def test_a_failed_read_back_is_503_and_keeps_the_batch_unconfirmed(served):
     s = served
     data = body(3)
