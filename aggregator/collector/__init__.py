@@ -8,6 +8,9 @@ the body and an idempotency key, and forwards each body once to the reports topi
 * :mod:`~aggregator.collector.idempotency` — keys in flight and accepted, per token;
 * :mod:`~aggregator.collector.forward` — the Kafka side: one record per body, acks bridged into
   asyncio, bytes in flight;
+* :mod:`~aggregator.collector.readback` — reading the reports topic back for a batch whose
+  acknowledgement was lost;
+* :mod:`~aggregator.collector.readiness` — ``/readyz``: a round trip to the broker on a thread;
 * :mod:`~aggregator.collector.metrics` — the Prometheus families;
 * :mod:`~aggregator.collector.app` — the starlette application and its request pipeline.
 """

@@ -24,11 +24,12 @@ import logging
 import time
 
 from aggregator.collector.config import CollectorSection
-from aggregator.collector.forward import Forwarder, Readiness
+from aggregator.collector.forward import Forwarder
 from aggregator.collector.idempotency import IdempotencyTable
 from aggregator.collector.metrics import CollectorMetrics
 from aggregator.collector.ratelimit import RateLimiter
 from aggregator.collector.readback import TopicReadBack
+from aggregator.collector.readiness import BrokerProbe, Readiness
 from aggregator.collector.tokens import TokenStore
 from aggregator.errors import RequestRefused
 from ingest.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH, valid_idempotency_key
@@ -57,11 +58,16 @@ class Collector:
         The reports topic.
     tokens : TokenStore
     settings : ingest.kafka.KafkaSettings or None
-        For the readiness probe's TCP check (None: only the transport's metadata) and the default
-        read-back.
+        For the readiness TCP check, the default readiness probe and the default read-back
+        (None: no TCP check and no default probe; then ``readback`` is required).
     readback : aggregator.collector.readback.ReadBack or None
         Reads the topic back to settle unconfirmed batches; None builds a
         :class:`~aggregator.collector.readback.TopicReadBack` from ``settings``.
+    probe : callable (partitions: set[int], timeout_s: float) → None, or None
+        The readiness round trip to the broker, called with ``ack_timeout_s``; it raises when
+        the broker does not answer. None builds a
+        :class:`~aggregator.collector.readiness.BrokerProbe` from ``settings`` (without
+        ``settings``: no round trip, the transport's metadata only).
     metrics : CollectorMetrics or None
         A new private registry by default.
     clock : callable () → float
@@ -80,7 +86,7 @@ class Collector:
     """
 
     def __init__(self, section: CollectorSection, schema, transport, topic: str, *, tokens: TokenStore,
-                 settings=None, readback=None, metrics: CollectorMetrics | None = None,
+                 settings=None, readback=None, probe=None, metrics: CollectorMetrics | None = None,
                  clock=time.monotonic, readiness_interval_s: float = 2.0) -> None:
         self.section, self.schema, self.topic, self.tokens = section, schema, topic, tokens
         self.known = {bytes(schema.fingerprint): schema}
@@ -95,7 +101,10 @@ class Collector:
         self.forwarder = Forwarder(transport, topic, self.table, ack_timeout_s=section.ack_timeout_s,
                                    max_inflight_bytes=section.max_inflight_bytes, readback=readback,
                                    on_readback=self.metrics.readback)
-        self.readiness = Readiness(transport, topic, settings, readiness_interval_s)
+        if probe is None and settings is not None:
+            probe = BrokerProbe(settings, topic)
+        self.readiness = Readiness(transport, topic, settings, readiness_interval_s, probe=probe,
+                                   timeout_s=section.ack_timeout_s)
         self.stopping = False
         tokens._on_reload = self.metrics.token_reload
 
@@ -109,7 +118,7 @@ class Collector:
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the probe, flush and close the Kafka client (bounded by ``timeout_s``)."""
         self.stopping = True
-        self.readiness.stop()
+        self.readiness.stop(min(timeout_s, self.section.ack_timeout_s + 1.0))
         self.forwarder.close(timeout_s)
 
     # ------------------------------------------------------------------ the request
@@ -216,7 +225,7 @@ def build_app(collector: Collector):
     """The starlette application of ``collector``.
 
     Routes: ``POST /v1/reports``; ``GET /healthz`` (200 while the process runs), ``GET
-    /readyz`` (200 when the token file is loaded and the Kafka client knows the reports topic,
+    /readyz`` (200 when the token file is loaded and the broker answers the readiness probe,
     else 503 JSON), ``GET /metrics`` (Prometheus text). Unknown paths answer 404 and other
     methods 405, as JSON ``{"error", "reason"}`` like every error.
 

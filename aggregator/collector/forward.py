@@ -27,7 +27,6 @@ import asyncio
 import hashlib
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ from aggregator.collector.idempotency import ACCEPTED, IN_FLIGHT, UNCONFIRMED, I
 from aggregator.collector.readback import BATCH_ID_HEADER, batch_id, partition_of
 from aggregator.errors import RequestRefused
 
-__all__ = ["PRODUCER_OPTIONS", "Forwarder", "Readiness", "Submitted"]
+__all__ = ["PRODUCER_OPTIONS", "Forwarder", "Submitted"]
 
 log = logging.getLogger(__name__)
 
@@ -301,65 +300,3 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-class Readiness:
-    """Whether the collector can take batches: checked on a thread every ``interval_s`` seconds
-    (docs/collector.md §10).
-
-    Ready while the Kafka client knows the reports topic's partitions (``partitions_for``) and,
-    with ``settings``, a bootstrap server accepts a TCP connection.
-
-    Parameters
-    ----------
-    transport : ingest.transport.Transport
-        Should have ``partitions_for(topic)``; without it only the broker probe counts.
-    topic : str
-    settings : ingest.kafka.KafkaSettings or None
-        For :func:`ingest.kafka.reachable`; None skips it (tests).
-    interval_s : float
-    """
-
-    def __init__(self, transport, topic: str, settings=None, interval_s: float = 2.0) -> None:
-        self.transport, self.topic, self.settings = transport, topic, settings
-        self.interval_s = float(interval_s)
-        self.ready = False
-        self.reason = "not checked yet"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def check(self) -> bool:
-        """One probe; sets :attr:`ready` and :attr:`reason`."""
-        from ingest.kafka import reachable
-
-        try:
-            if self.settings is not None and not reachable(self.settings):
-                self.ready, self.reason = False, "no bootstrap server accepts a connection"
-                return False
-            probe = getattr(self.transport, "partitions_for", None)
-            parts = probe(self.topic) if probe is not None else {0}
-        except Exception as exc:
-            self.ready, self.reason = False, f"no metadata for {self.topic!r}: {_one_line(exc)}"
-            return False
-        if not parts:
-            self.ready, self.reason = False, f"no partitions known for {self.topic!r}"
-            return False
-        self.ready, self.reason = True, "ok"
-        return True
-
-    def start(self) -> Readiness:
-        """Probe now, then on a daemon thread until :meth:`stop`."""
-        self.check()
-
-        def loop() -> None:
-            while not self._stop.wait(self.interval_s):
-                self.check()
-
-        self._thread = threading.Thread(target=loop, name="collector-readiness", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the probe thread."""
-        self._stop.set()
-        self.ready, self.reason = False, "stopping"

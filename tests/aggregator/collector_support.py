@@ -186,16 +186,19 @@ def token_file(tmp_path: Path, token_id: str = "dev-a", expires: int | None = No
 
 
 class Served:
-    """A :class:`Collector` over a :class:`FakeTransport`, served on a free loopback port."""
+    """A :class:`Collector` over a :class:`FakeTransport`, served on a free loopback port.
+
+    ``probe`` is the readiness round trip (default: none, the fake's metadata only); the other
+    keywords make the ``[collector]`` section."""
 
     def __init__(self, tmp_path: Path, transport: FakeTransport | None = None, clock=time.monotonic,
-                 **section) -> None:
+                 *, probe=None, **section) -> None:
         self.tokens_path, self.token = token_file(tmp_path)
         self.transport = transport if transport is not None else FakeTransport()
         self.section = CollectorSection(**section)
         self.collector = Collector(self.section, SCHEMA, self.transport, TOPIC,
                                    tokens=TokenStore(self.tokens_path, check_every_s=0.0),
-                                   readback=self.transport, clock=clock,
+                                   readback=self.transport, probe=probe, clock=clock,
                                    readiness_interval_s=0.05).start()
         self.server = ServedApp(build_app(self.collector))
         self.port = self.server.port

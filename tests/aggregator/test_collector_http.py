@@ -3,6 +3,7 @@ Kafka transport: each refusal answers JSON ``{"error", "reason"}`` and forwards 
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -237,6 +238,39 @@ def test_health_readiness_and_metrics(own):
     assert metric(text, "ldp_collector_inflight_bytes") == 0
     assert metric(text, "ldp_collector_idempotency_keys", state="accepted") == 1
     assert served.token not in text
+
+
+def test_readyz_is_503_while_the_broker_leaves_the_probe_unanswered(tmp_path):
+    """The probe is a round trip to the broker (here a fake that can hang, as a frozen broker
+    does): cached metadata and an open TCP port are not enough for 200."""
+    import threading
+
+    answering = threading.Event()
+    answering.set()
+    asked = []
+
+    def probe(partitions, timeout_s):
+        asked.append((set(partitions), timeout_s))
+        if not answering.wait(timeout_s):
+            raise TimeoutError(f"no answer within {timeout_s:g} s")
+
+    s = Served(tmp_path, ack_timeout_s=0.2, probe=probe)
+    try:
+        assert s.get("/readyz")[0] == 200 and asked[0] == ({0}, 0.2)
+        answering.clear()  # the broker stops answering; its metadata stays cached
+        deadline = time.monotonic() + 10
+        while (got := s.get("/readyz"))[0] != 503:
+            assert time.monotonic() < deadline, "readyz stayed 200 while the broker did not answer"
+            time.sleep(0.02)
+        js = json.loads(got[1])
+        assert js["error"] == "not_ready" and "did not answer" in js["reason"], js
+        answering.set()
+        while s.get("/readyz")[0] != 200:
+            assert time.monotonic() < deadline + 10, "readyz did not come back"
+            time.sleep(0.02)
+    finally:
+        answering.set()
+        s.close()
 
 
 def test_a_rotated_token_file_is_reloaded_without_restart(own):

@@ -161,6 +161,69 @@ def test_a_batch_whose_acknowledgement_was_lost_is_read_back_not_written_twice(
     assert sorted(read_topic(bootstrap_servers, topic)) == sorted(bodies)  # each once
 
 
+def readyz(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.timeout(240)
+def test_readyz_follows_a_frozen_broker_and_the_accepted_counter_the_topic(tmp_path, topic_name):
+    """A frozen broker (SIGSTOP: connections open, metadata cached, nothing answered) makes
+    ``/readyz`` 503 within a probe; once it is thawed the collector is ready again, the batch
+    refused during the outage is delivered once, and ``ldp_collector_reports_accepted_total``
+    equals the reports in the topic."""
+    from ingest.broker import EmbeddedBroker
+    from ingest.codec import decode
+    from tests.aggregator.collector_support import SCHEMA
+
+    def until(fn, what: str, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while not (got := fn()):
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+        return got
+
+    with EmbeddedBroker(startup_timeout=30.0) as broker:
+        bootstrap = broker.bootstrap_servers
+        topic = topic_name("colfz")
+        ensure_topic(bootstrap, topic, 1)
+        token = mint_token(tmp_path / "tokens", "dev")
+        transport = KafkaPythonTransport(bootstrap, linger_s=0.0, delivery_timeout_s=10.0,
+                                         **PRODUCER_OPTIONS)
+        collector = Collector(CollectorSection(ack_timeout_s=1.0, delivery_timeout_s=10.0), SCHEMA,
+                              transport, topic, tokens=TokenStore(tmp_path / "tokens"),
+                              settings=KafkaSettings.coerce(bootstrap), readiness_interval_s=0.2).start()
+        try:
+            with ServedApp(build_app(collector)) as app:
+                until(lambda: readyz(app.url)[0] == 200, "not ready with a live broker", 30)
+                assert post(app.url, body(10, seed=1), "fz-0", token)[0] == 202
+                late = body(7, seed=2)
+                broker.freeze()
+                try:
+                    t0 = time.monotonic()
+                    _, js = until(lambda: (r := readyz(app.url))[0] == 503 and r,
+                                     "readyz stayed 200 with a frozen broker", 30)
+                    assert js["error"] == "not_ready" and "did not answer" in js["reason"], js
+                    assert time.monotonic() - t0 < 15
+                    status, js = post(app.url, late, "fz-1", token)
+                    assert (status, js["error"]) == (503, "broker_unavailable")
+                finally:
+                    broker.thaw()
+                until(lambda: readyz(app.url)[0] == 200, "not ready again after the thaw", 60)
+                until(lambda: post(app.url, late, "fz-1", token)[0] == 202, "the retry failed", 60)
+                with urllib.request.urlopen(app.url + "/metrics", timeout=5) as r:
+                    text = r.read().decode()
+        finally:
+            collector.close(5.0)
+        values = read_topic(bootstrap, topic)
+    assert sorted(values) == sorted([body(10, seed=1), late])  # each once
+    in_topic = sum(decode(v, {SCHEMA.fingerprint: SCHEMA}).n for v in values)
+    assert metric(text, "ldp_collector_reports_accepted_total") == in_topic == 17
+
+
 @contextmanager
 def running_collect(tmp_path: Path, bootstrap: str, topic: str, extra: str = "", ca: Path | None = None):
     """``ldp-stream collect`` in a subprocess: yields ``(proc, url, first stderr line)`` once
