@@ -20,15 +20,17 @@ class ServedApp:
         uvicorn's (``"critical"``: nothing logged).
     timeout : float
         Seconds to wait for the server to start, and for it to stop.
+    **config
+        Further ``uvicorn.Config`` options (``http=`` a protocol class …).
     """
 
-    def __init__(self, app, log_level: str = "critical", timeout: float = 10.0) -> None:
+    def __init__(self, app, log_level: str = "critical", timeout: float = 10.0, **config) -> None:
         import uvicorn
 
         self.port = free_port()
         self.timeout = timeout
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level=log_level))
+                                                    log_level=log_level, **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout

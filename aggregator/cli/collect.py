@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     require_extra("the collect command", "server", COLLECT_MODULES)
     from aggregator.collector.app import Collector, build_app
     from aggregator.collector.forward import PRODUCER_OPTIONS
+    from aggregator.collector.protocol import http_protocol
     from aggregator.collector.tokens import TokenStore
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError, ConfigError
@@ -172,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.topics.reports!r} (also /healthz, /readyz, /metrics); Ctrl-C to stop",
           file=sys.stderr, flush=True)
     try:
-        _serve(app, host, port, certfile, keyfile, grace_s=section.ack_timeout_s + 1.0)
+        _serve(app, host, port, certfile, keyfile, grace_s=section.ack_timeout_s + 1.0,
+               protocol=http_protocol(collector.metrics.refuse))
     finally:
         left = collector.table.inflight
         collector.close(timeout_s=min(section.delivery_timeout_s, 30.0))
@@ -181,13 +183,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(app, host: str, port: int, certfile: str | None, keyfile: str | None, grace_s: float) -> None:
-    """uvicorn until SIGTERM/SIGINT: it stops accepting and lets the requests in progress finish
-    (each waits at most ``ack_timeout_s`` for Kafka), then returns."""
+def _serve(app, host: str, port: int, certfile: str | None, keyfile: str | None, grace_s: float,
+           protocol) -> None:
+    """uvicorn with the HTTP ``protocol`` class until SIGTERM/SIGINT: it stops accepting and lets
+    the requests in progress finish (each waits at most ``ack_timeout_s`` for Kafka), then
+    returns."""
     import uvicorn
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            ssl_certfile=certfile, ssl_keyfile=keyfile,
+                            ssl_certfile=certfile, ssl_keyfile=keyfile, http=protocol,
                             timeout_graceful_shutdown=max(1, int(grace_s + 0.999)))
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal it caught once it has shut down, with the handlers it found

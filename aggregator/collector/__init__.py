@@ -12,5 +12,7 @@ the body and an idempotency key, and forwards each body once to the reports topi
   acknowledgement was lost;
 * :mod:`~aggregator.collector.readiness` — ``/readyz``: a round trip to the broker on a thread;
 * :mod:`~aggregator.collector.metrics` — the Prometheus families;
+* :mod:`~aggregator.collector.protocol` — uvicorn's h11 protocol with JSON refusals of malformed
+  requests;
 * :mod:`~aggregator.collector.app` — the starlette application and its request pipeline.
 """

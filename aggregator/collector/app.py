@@ -15,6 +15,9 @@ A report request is checked in this order, and nothing is forwarded on any error
 8. it is forwarded once per key (:class:`~aggregator.collector.forward.Forwarder`) and answered
    ``202`` once Kafka acknowledged it (422 ``idempotency_key_reused``, 503 ``overloaded`` or
    ``broker_unavailable``).
+
+A request that h11 cannot parse is refused before any of this, by the HTTP layer
+(:mod:`aggregator.collector.protocol`: 400 ``bad_request``, ``malformed HTTP request: …``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from aggregator.collector.config import CollectorSection
 from aggregator.collector.forward import Forwarder
 from aggregator.collector.idempotency import IdempotencyTable
 from aggregator.collector.metrics import CollectorMetrics
+from aggregator.collector.protocol import HTTP_REFUSED_SCOPE_KEY
 from aggregator.collector.ratelimit import RateLimiter
 from aggregator.collector.readback import TopicReadBack
 from aggregator.collector.readiness import BrokerProbe, Readiness
@@ -227,7 +231,9 @@ def build_app(collector: Collector):
     Routes: ``POST /v1/reports``; ``GET /healthz`` (200 while the process runs), ``GET
     /readyz`` (200 when the token file is loaded and the broker answers the readiness probe,
     else 503 JSON), ``GET /metrics`` (Prometheus text). Unknown paths answer 404 and other
-    methods 405, as JSON ``{"error", "reason"}`` like every error.
+    methods 405, as JSON ``{"error", "reason"}`` like every error. Serve it with
+    ``uvicorn.Config(http=aggregator.collector.protocol.http_protocol(collector.metrics.refuse))``
+    so that malformed requests are answered the same way.
 
     Notes
     -----
@@ -261,7 +267,8 @@ def build_app(collector: Collector):
             status, payload, headers = await collector.post_reports(request)
             return JSONResponse(payload, status_code=status, headers=headers)
         except RequestRefused as exc:
-            metrics.refuse(exc.code)
+            if not (exc.code == "client_disconnected" and request.scope.get(HTTP_REFUSED_SCOPE_KEY)):
+                metrics.refuse(exc.code)  # else the HTTP layer refused the body and counted it
             if exc.status >= 500 or exc.status in (401, 429):
                 log.info("refused a batch (%s %s): %s", exc.status, exc.code, exc.reason)
             return refusal(exc)

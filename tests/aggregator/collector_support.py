@@ -14,6 +14,7 @@ import numpy as np
 
 from aggregator.collector.app import Collector, build_app
 from aggregator.collector.config import CollectorSection
+from aggregator.collector.protocol import http_protocol
 from aggregator.collector.tokens import TokenStore, mint_token
 from ingest.codec import encode
 from ingest.http_protocol import CONTENT_TYPE, REPORTS_PATH
@@ -186,7 +187,8 @@ def token_file(tmp_path: Path, token_id: str = "dev-a", expires: int | None = No
 
 
 class Served:
-    """A :class:`Collector` over a :class:`FakeTransport`, served on a free loopback port.
+    """A :class:`Collector` over a :class:`FakeTransport`, served on a free loopback port with the
+    collector's HTTP protocol (:func:`aggregator.collector.protocol.http_protocol`).
 
     ``probe`` is the readiness round trip (default: none, the fake's metadata only); the other
     keywords make the ``[collector]`` section."""
@@ -200,7 +202,8 @@ class Served:
                                    tokens=TokenStore(self.tokens_path, check_every_s=0.0),
                                    readback=self.transport, probe=probe, clock=clock,
                                    readiness_interval_s=0.05).start()
-        self.server = ServedApp(build_app(self.collector))
+        self.server = ServedApp(build_app(self.collector),
+                                http=http_protocol(self.collector.metrics.refuse))
         self.port = self.server.port
 
     def reset(self) -> None:

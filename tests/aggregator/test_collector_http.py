@@ -169,6 +169,42 @@ def test_a_missing_content_length_without_chunks_is_400(served):
     assert served.transport.sent == []
 
 
+@pytest.mark.parametrize("head", [
+    "POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    "POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+    "POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    "POST /v1/reports HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    "NOT HTTP AT ALL\r\n\r\n",
+], ids=["letters", "conflicting", "negative", "bad-header-line", "bad-request-line"])
+def test_malformed_http_framing_is_a_json_400_and_closes_the_connection(own, head):
+    """The HTTP layer's refusals (before any route runs) have the body of every error: JSON
+    ``{"error": "bad_request", "reason": ...}``, counted like the application's refusals."""
+    s = own.raw(head)
+    status, headers, raw, closed = read_response(s)
+    s.close()
+    assert status == 400 and headers["content-type"] == "application/json", (headers, raw)
+    js = json.loads(raw)
+    assert js["error"] == "bad_request" and "malformed HTTP request" in js["reason"], js
+    assert closed and headers.get("connection") == "close"
+    assert own.transport.sent == []
+    text = own.get("/metrics")[1]
+    assert metric(text, "ldp_collector_refused_total", reason="bad_request") == 1
+
+
+def test_a_malformed_chunk_is_a_json_400(own):
+    s = own.raw(own.raw_head("Transfer-Encoding: chunked\r\n"))
+    s.sendall(b"zz\r\nnot a chunk size\r\n")
+    status, headers, raw, closed = read_response(s)
+    s.close()
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(raw)["error"] == "bad_request" and closed
+    assert own.transport.sent == []
+    # counted once, as the HTTP layer's refusal (not also as the route's client_disconnected)
+    text = own.get("/metrics")[1]
+    assert metric(text, "ldp_collector_refused_total", reason="bad_request") == 1
+    assert metric(text, "ldp_collector_refused_total", reason="client_disconnected") == 0
+
+
 def _reason_of(data: bytes) -> DecodeError:
     with pytest.raises(DecodeError) as info:
         codec.decode(data, {SCHEMA.fingerprint: SCHEMA})

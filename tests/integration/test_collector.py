@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -265,6 +266,15 @@ def test_the_cli_starts_prints_its_url_forwards_and_stops_on_sigterm(tmp_path, b
     with running_collect(tmp_path, bootstrap_servers, topic) as (_, url, line):
         assert line.startswith("ldp-stream collect: pipeline 'cli', reports on http://127.0.0.1:")
         assert post(url, data, "cli-1", token)[0] == 202
+        # the command serves the collector's HTTP layer: malformed framing is a JSON 400 too
+        from tests.aggregator.collector_support import read_response
+
+        host, port = url.rsplit("//", 1)[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+            status, headers, raw, _ = read_response(s)
+        assert status == 400 and headers["content-type"] == "application/json", raw
+        assert json.loads(raw)["error"] == "bad_request"
         assert token not in line
     assert read_topic(bootstrap_servers, topic) == [data]
 
