@@ -46,7 +46,7 @@ RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 #: ``error`` code → HTTP status. Decode failures answer 422 with the decoder's ``reason`` label
 #: (``ingest.codec.DECODE_REASONS``) as the code.
 ERROR_CODES = {
-    "bad_request": 400,               # missing/invalid Idempotency-Key or Content-Length
+    "bad_request": 400,               # missing/invalid Idempotency-Key or Content-Length, malformed HTTP
     "missing_token": 401,
     "invalid_token": 401,             # unknown or expired (the reason says which)
     "not_found": 404,
@@ -56,6 +56,7 @@ ERROR_CODES = {
     "unsupported_media_type": 415,
     "idempotency_key_reused": 422,    # the key was seen with another body
     "empty_batch": 422,
+    "event_time_skew": 422,           # an event time too far ahead of the collector's clock
     "rate_limited": 429,
     "overloaded": 503,                # too many bytes awaiting Kafka acknowledgement
     "broker_unavailable": 503,        # no acknowledgement within ack_timeout_s

@@ -22,11 +22,17 @@ def register(subparsers) -> None:
         "collect", help="HTTP collector: devices POST report batches, forwarded to the reports topic",
         description="Accept POST /v1/reports from devices (bearer token of [collector] token_file, "
                     "Idempotency-Key, one wire record per body), check and decode each body as the "
-                    "workers do, forward it once to the reports topic of the pipeline and answer 202 "
-                    "after Kafka acknowledged it. Also GET /healthz, /readyz, /metrics. Settings: "
-                    "[collector], [kafka], [topics] of the pipeline file (docs/collector.md). "
-                    "SIGTERM or Ctrl-C stops accepting, waits for acknowledgements and flushes.")
-    p.add_argument("--config", required=True, help="pipeline TOML file ([collector] token_file is required)")
+                    "workers do and refuse with 422 what they would dead-letter (with windowed "
+                    "queries also event times more than [worker] max_event_time_skew_s ahead of "
+                    "this host's clock), forward it once to the reports topic of the pipeline and "
+                    "answer 202 after Kafka acknowledged it. Every error is JSON {error, reason}. "
+                    "Also GET /healthz, /readyz (200 while the broker answers a request within "
+                    "ack_timeout_s), /metrics. Settings: [collector], [kafka], [topics] of the "
+                    "pipeline file (docs/collector.md). SIGTERM or Ctrl-C stops accepting, waits "
+                    "for acknowledgements and flushes.")
+    p.add_argument("--config", required=True,
+                   help="pipeline TOML file; its [collector] token_file is required (relative to the "
+                        "pipeline file; mint tokens with collect-token --config)")
     p.add_argument("--host", default=None, help="bind address (default: [collector] host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None,
                    help="TCP port (default: [collector] port, 8090; 0 = a free port)")
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or Ctrl-C; then drain and flush."""
     require_extra("the collect command", "server", COLLECT_MODULES)
     from aggregator.collector.app import Collector, build_app
+    from aggregator.collector.config import event_time_skew_limit
     from aggregator.collector.forward import PRODUCER_OPTIONS
     from aggregator.collector.protocol import http_protocol
     from aggregator.collector.tokens import TokenStore
@@ -164,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         max_request_size=max(1 << 20, section.max_body_bytes + 64 * 1024),
         max_block_ms=int(section.ack_timeout_s * 1000), **PRODUCER_OPTIONS)
     collector = Collector(section, schema, transport, cfg.topics.reports, tokens=tokens,
-                          settings=cfg.kafka).start()
+                          settings=cfg.kafka, max_event_time_skew_s=event_time_skew_limit(cfg)).start()
     app = build_app(collector)
     scheme = "https" if certfile else "http"
     where = f"[{host}]" if ":" in host else host

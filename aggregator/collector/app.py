@@ -12,7 +12,9 @@ A report request is checked in this order, and nothing is forwarded on any error
 6. the whole body arrives within ``body_timeout_s`` (408, connection closed);
 7. it decodes as the workers decode it (422 with the decoder's reason; 0 reports → 422
    ``empty_batch``); the token is charged ``max(1, n)`` reports;
-8. it is forwarded once per key (:class:`~aggregator.collector.forward.Forwarder`) and answered
+8. with windowed queries, no event time is more than ``max_event_time_skew_s`` ahead of the
+   collector's clock (422 ``event_time_skew``: the workers would dead-letter the record);
+9. it is forwarded once per key (:class:`~aggregator.collector.forward.Forwarder`) and answered
    ``202`` once Kafka acknowledged it (422 ``idempotency_key_reused``, 503 ``overloaded`` or
    ``broker_unavailable``).
 
@@ -72,17 +74,23 @@ class Collector:
         the broker does not answer. None builds a
         :class:`~aggregator.collector.readiness.BrokerProbe` from ``settings`` (without
         ``settings``: no round trip, the transport's metadata only).
+    max_event_time_skew_s : float or None
+        Refuse (422 ``event_time_skew``) a body holding an event time more than this many
+        seconds ahead of ``wall_clock``: the pipeline's ``[worker] max_event_time_skew_s`` when
+        it has windowed queries (the workers dead-letter such a record), else None (no check).
     metrics : CollectorMetrics or None
         A new private registry by default.
     clock : callable () → float
         Monotonic seconds for the rate limiter and the idempotency window (tests).
+    wall_clock : callable () → float
+        Unix seconds, for the event-time check (tests).
     readiness_interval_s : float
         Seconds between readiness probes.
 
     Raises
     ------
     ValueError
-        Neither ``settings`` nor ``readback`` given.
+        Neither ``settings`` nor ``readback`` given, or ``max_event_time_skew_s`` < 0.
 
     Notes
     -----
@@ -90,9 +98,14 @@ class Collector:
     """
 
     def __init__(self, section: CollectorSection, schema, transport, topic: str, *, tokens: TokenStore,
-                 settings=None, readback=None, probe=None, metrics: CollectorMetrics | None = None,
-                 clock=time.monotonic, readiness_interval_s: float = 2.0) -> None:
+                 settings=None, readback=None, probe=None, max_event_time_skew_s: float | None = None,
+                 metrics: CollectorMetrics | None = None, clock=time.monotonic,
+                 wall_clock=time.time, readiness_interval_s: float = 2.0) -> None:
+        if max_event_time_skew_s is not None and not max_event_time_skew_s >= 0:
+            raise ValueError(f"max_event_time_skew_s must be >= 0 or None, got {max_event_time_skew_s!r}")
         self.section, self.schema, self.topic, self.tokens = section, schema, topic, tokens
+        self.max_event_time_skew_s = max_event_time_skew_s
+        self.wall_clock = wall_clock
         self.known = {bytes(schema.fingerprint): schema}
         self.metrics = metrics if metrics is not None else CollectorMetrics()
         self.table = IdempotencyTable(section.idempotency_window_s, section.idempotency_max_keys, clock)
@@ -181,6 +194,7 @@ class Collector:
         self.limiter.charge(token.id, n)
         if n == 0:
             raise RequestRefused("empty_batch", "the batch holds no report")
+        self._check_event_times(batch)
         done = await self.forwarder.submit(token.id, key, body, n)
         # reports_accepted counts the table's accepted entries (CollectorMetrics.bind)
         if done.duplicate:
@@ -189,6 +203,22 @@ class Collector:
         else:
             self.metrics.batches.labels(outcome="accepted").inc()
         return 202, {"accepted": done.reports, "idempotency_key": key, "duplicate": done.duplicate}, {}
+
+    def _check_event_times(self, batch) -> None:
+        """Refuse ``batch`` when a worker would dead-letter it for event-time skew: its latest
+        event time more than ``max_event_time_skew_s`` ahead of the record's timestamp, here
+        the collector's clock in whole seconds (the record's Kafka timestamp is taken later)."""
+        skew = self.max_event_time_skew_s
+        if skew is None or batch.event_time is None or not len(batch.event_time):
+            return
+        from ingest.event_time import iso_utc
+
+        latest, now = int(batch.event_time.max()), int(self.wall_clock())
+        if latest > now + skew:
+            raise RequestRefused("event_time_skew", f"the batch holds the event time {iso_utc(latest)}, "
+                                 f"more than max_event_time_skew_s = {skew:g} s ahead of the "
+                                 f"collector's clock ({iso_utc(now)}); the workers would "
+                                 "dead-letter it (check the device's clock)")
 
     async def _read_body(self, request) -> bytes:
         from starlette.requests import ClientDisconnect

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 from aggregator.queries import finite_float
 from ingest._model import StrictModel
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "CollectorSection"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "CollectorSection", "event_time_skew_limit"]
 
 #: ``max_body_bytes`` when the section does not set it (lowered to ``[worker] max_record_bytes``).
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -112,3 +112,22 @@ class CollectorSection(StrictModel):
         update = {k: Path(base_dir) / v for k in ("token_file", "tls_certfile", "tls_keyfile")
                   if (v := getattr(self, k)) is not None and not v.is_absolute()}
         return self.model_copy(update=update) if update else self
+
+
+def event_time_skew_limit(pipeline) -> float | None:
+    """The event-time skew the collector refuses for ``pipeline``: ``[worker]
+    max_event_time_skew_s`` when a query is windowed (the workers then dead-letter a record whose
+    latest event time is further ahead of its Kafka timestamp), else None (no check).
+
+    Parameters
+    ----------
+    pipeline : aggregator.config.PipelineConfig
+
+    Returns
+    -------
+    float or None
+        Seconds (docs/collector.md §3, docs/windows.md §3).
+    """
+    if any(getattr(q, "window", None) is not None for q in pipeline.queries):
+        return float(pipeline.worker.max_event_time_skew_s)
+    return None

@@ -190,18 +190,22 @@ class Served:
     """A :class:`Collector` over a :class:`FakeTransport`, served on a free loopback port with the
     collector's HTTP protocol (:func:`aggregator.collector.protocol.http_protocol`).
 
-    ``probe`` is the readiness round trip (default: none, the fake's metadata only); the other
-    keywords make the ``[collector]`` section."""
+    ``probe`` is the readiness round trip (default: none, the fake's metadata only); ``schema``
+    the pipeline's schema (default :data:`SCHEMA`); ``max_event_time_skew_s`` and ``wall_clock``
+    the event-time check (default: none, as without windowed queries); the other keywords make
+    the ``[collector]`` section."""
 
     def __init__(self, tmp_path: Path, transport: FakeTransport | None = None, clock=time.monotonic,
-                 *, probe=None, **section) -> None:
+                 *, probe=None, schema: TelemetrySchema = SCHEMA, max_event_time_skew_s=None,
+                 wall_clock=time.time, **section) -> None:
         self.tokens_path, self.token = token_file(tmp_path)
         self.transport = transport if transport is not None else FakeTransport()
         self.section = CollectorSection(**section)
-        self.collector = Collector(self.section, SCHEMA, self.transport, TOPIC,
+        self.collector = Collector(self.section, schema, self.transport, TOPIC,
                                    tokens=TokenStore(self.tokens_path, check_every_s=0.0),
                                    readback=self.transport, probe=probe, clock=clock,
-                                   readiness_interval_s=0.05).start()
+                                   max_event_time_skew_s=max_event_time_skew_s,
+                                   wall_clock=wall_clock, readiness_interval_s=0.05).start()
         self.server = ServedApp(build_app(self.collector),
                                 http=http_protocol(self.collector.metrics.refuse))
         self.port = self.server.port

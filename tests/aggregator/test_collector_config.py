@@ -41,6 +41,16 @@ def test_the_example_pipeline_has_a_loopback_collector_with_its_token_file_besid
     assert s.tls_certfile is None and s.max_body_bytes <= c.worker.max_record_bytes
 
 
+def test_the_collector_skew_limit_is_the_workers_with_windowed_queries_only():
+    """The collector refuses event-time skew exactly when the workers would dead-letter it."""
+    from aggregator.collector.config import event_time_skew_limit
+
+    example = PipelineConfig.load(ROOT / "examples" / "flights.pipeline.toml")  # windowed queries
+    assert event_time_skew_limit(example) == example.worker.max_event_time_skew_s == 3600.0
+    plain = PipelineConfig.from_dict({**BASE, "worker": {"max_event_time_skew_s": 60.0}}, validate=False)
+    assert event_time_skew_limit(plain) is None
+
+
 def test_the_default_body_limit_follows_a_smaller_worker_record_limit():
     c = PipelineConfig.from_dict({**BASE, "worker": {"max_record_bytes": 4096}}, validate=False)
     assert c.collector.max_body_bytes == 4096

@@ -242,6 +242,78 @@ def test_too_many_reports_is_422_too_large(tmp_path):
         s.close()
 
 
+def test_a_urap_report_with_two_non_sensitive_bits_is_422_impossible_report(tmp_path):
+    """The decoder's refusal of a report uRAP cannot produce reaches the device: nothing is
+    forwarded, so no worker has to dead-letter it."""
+    import numpy as np
+
+    from ingest.batch import ReportBatch
+    from ingest.schema import TelemetrySchema
+    from mechanisms.uldp import SparseBits
+
+    schema = TelemetrySchema.from_dict({"name": "colu", "categorical": [{
+        "name": "c", "categories": ["v0", "v1", "v2", "v3"], "sensitive": ["v0"],
+        "mechanism": "urap", "epsilon": 1.0}]})
+
+    def record(*reports):  # one report per tuple of set bits (v0 sensitive, v1-v3 not)
+        idx = np.array([b for r in reports for b in r], dtype=np.int32)
+        offsets = np.cumsum([0, *map(len, reports)])
+        return codec.encode(ReportBatch(schema.fingerprint, np.zeros((len(reports), 0)),
+                                        {"c": SparseBits(idx, offsets, 4)}))
+
+    s = Served(tmp_path, schema=schema)
+    try:
+        status, js, _ = s.post(record((0, 1), (0, 1, 2), (3,)), "imp-1")
+        assert (status, js["error"]) == (422, "impossible_report"), js
+        assert "report 1 has 2 non-sensitive bits" in js["reason"]
+        assert s.transport.sent == []
+        assert s.post(record((0, 1), (1,), (0,)), "imp-2")[0] == 202  # at most one: possible
+        assert metric(s.get("/metrics")[1], "ldp_collector_refused_total", reason="impossible_report") == 1
+    finally:
+        s.close()
+
+
+def test_an_event_time_too_far_ahead_of_the_collector_clock_is_422_event_time_skew(tmp_path):
+    """With windowed queries a worker dead-letters a record whose latest event time is more than
+    ``max_event_time_skew_s`` ahead of its Kafka timestamp; the collector refuses such a body
+    against its own clock, so a 202 is never followed by a dead letter."""
+    import numpy as np
+
+    from ingest.privatizer import Privatizer
+    from ingest.schema import TelemetrySchema
+
+    schema = TelemetrySchema.from_dict({
+        "name": "colt", "event_time": {"field": "t", "resolution": "1s"},
+        "numeric": {"zero_prob": 0.2, "scale": 0.5, "fields": [{"name": "a", "low": 0.0, "high": 1.0}]}})
+    skew = 3600.0
+
+    def record(ahead_s: float) -> bytes:  # 3 reports, the last one ``ahead_s`` after now
+        now = time.time()
+        rng = np.random.default_rng(5)
+        times = [now - 600, now, now + ahead_s]
+        batch = Privatizer(schema, rng).privatize_batch({"a": rng.random(3), "t": times})
+        return codec.encode(batch, time_resolution=schema.time_resolution_s)
+
+    s = Served(tmp_path, schema=schema, max_event_time_skew_s=skew)
+    try:
+        status, js, _ = s.post(record(skew + 60), "skew-1")
+        assert (status, js["error"]) == (422, "event_time_skew"), js
+        assert "max_event_time_skew_s = 3600 s" in js["reason"]
+        assert s.transport.sent == []
+        status, js, _ = s.post(record(skew - 60), "skew-2")
+        assert (status, js["accepted"]) == (202, 3)
+        assert len(s.transport.delivered) == 1
+        assert metric(s.get("/metrics")[1], "ldp_collector_refused_total", reason="event_time_skew") == 1
+    finally:
+        s.close()
+    (tmp_path / "unwindowed").mkdir()
+    s = Served(tmp_path / "unwindowed", schema=schema)  # no windowed query: no limit
+    try:
+        assert s.post(record(10 * skew), "skew-3")[0] == 202
+    finally:
+        s.close()
+
+
 def test_unknown_paths_and_methods_answer_json(served):
     status, js, _ = served.post(body(1), path="/v2/reports")
     assert status == 404 and js["error"] == "not_found"
