@@ -17,6 +17,11 @@ class EmptyStateError(StateError):
     """``estimate()`` was called on a state that has not seen enough reports."""
 
 
+class UpdateRejectedError(StateError):
+    """A state raised while a record's reports were folded in; the record is dead-lettered with
+    reason ``state_rejected`` and the states are rolled back (docs/reliability.md §9)."""
+
+
 class CLIError(AggregatorError):
     """A command-line usage error; printed as one line, exit status 2."""
 

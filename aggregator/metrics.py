@@ -48,6 +48,7 @@ WORKER_METRIC_NAMES: tuple[str, ...] = (
     "ldp_last_processed_timestamp_seconds",
     "ldp_offset_gap_records_total",
     "ldp_state_records_invalid_total",
+    "ldp_partition_recoveries_total",
     "ldp_owned_partitions",
     "ldp_reports_late_total",
     "ldp_window_pane_records_total",
@@ -100,6 +101,9 @@ class WorkerMetrics:
         (retention) when the worker resumed.
     state_invalid : Counter
         ``ldp_state_records_invalid_total``: state-topic records that failed to decode.
+    rejected_updates : Counter, label ``partition``
+        ``ldp_partition_recoveries_total``: times a partition was restored from its last
+        checkpoint because a state refused an update or a fold failed (docs/reliability.md §9).
     checkpoint_duration : Histogram
         ``ldp_checkpoint_duration_seconds``: seconds from a checkpoint's start (the partitions'
         offsets marked) to its offsets committed: sending the states, the broker's
@@ -147,6 +151,9 @@ class WorkerMetrics:
                                   registry=r)
         self.state_invalid = Counter(_base("ldp_state_records_invalid_total"),
                                      "State-topic records that failed to decode.", registry=r)
+        self.rejected_updates = Counter(_base("ldp_partition_recoveries_total"),
+                                        "Partitions restored from their last checkpoint after a state "
+                                        "refused an update.", ["partition"], registry=r)
         self.owned = Gauge("ldp_owned_partitions", "Partitions currently owned.", registry=r)
         self.late = Counter(_base("ldp_reports_late_total"),
                             "Reports of a windowed query that arrived after their pane closed.", ["query"],

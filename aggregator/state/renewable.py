@@ -243,7 +243,10 @@ class RenewableState(State):
         x1 = batch.numeric
         x2 = self._require_x2(x2) if self._two else None
         if self.fit is None:
-            self._buffer(self._std(x1), self._std(x2) if self._two else None)
+            u1, u2 = self._std(x1), self._std(x2) if self._two else None
+            if self.query.kind == "custom":
+                self._probe(u1, u2)
+            self._buffer(u1, u2)
             while self.fit is None and self.buf1.shape[0] >= self.warm_target:
                 self._warm_up()
             if self.fit is None:
@@ -255,6 +258,18 @@ class RenewableState(State):
             if x1 is not None:
                 self._buffer(self._std(x1), self._std(x2) if self._two else None)
             self._renew_python()
+
+    def _probe(self, u1: np.ndarray, u2: np.ndarray | None) -> None:
+        """Evaluate the custom loss's gradient on reports entering the warm-up buffer (at the
+        query's ``init``, else zero), so that a loss that refuses an input raises in the update
+        that carries it — the worker then dead-letters that record (docs/reliability.md §9) —
+        and not in the later update whose warm-up fit reads the buffer. One gradient per report
+        of the warm-up; the renewal evaluates every later report anyway."""
+        if u1.shape[0] == 0:
+            return
+        theta = self.engine.theta0 if self.engine.theta0 is not None else np.zeros(self.engine.q)
+        for u in (u1,) if u2 is None or u2 is u1 else (u1, u2):
+            self.loss.grad(u, theta)
 
     def _buffer(self, u1: np.ndarray, u2: np.ndarray | None) -> None:
         self.buf1 = np.vstack([self.buf1, u1]) if self.buf1.shape[0] else u1

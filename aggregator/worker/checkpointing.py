@@ -156,7 +156,8 @@ class Checkpointer:
     def send(self, marked: list[tuple[PartitionState, Mark]]) -> list[tuple]:
         """Send the checkpoint of each ``(partition state, mark)``: its states with the mark's
         offset and counts (the caller makes sure the states hold exactly the records below it:
-        under the lock after a drain, or on the update thread); returns
+        under the lock after a drain, or on the update thread) — except a partition whose update
+        was rejected (:attr:`PartitionState.rejected`), which is skipped; returns
         ``[(partition state, next_offset sent, send future)]`` for :meth:`settle` (``None``
         for the records of closed window panes sent before a checkpoint, :meth:`send_panes`).
 
@@ -171,6 +172,8 @@ class Checkpointer:
                                   "after it") from failure
         sent = []
         for ps, mark in marked:
+            if ps.rejected is not None:  # its states missed a batch: the worker restores it
+                continue
             sent += self.send_panes(ps, mark)
             ck = ps.to_checkpoint(self.runtime, mark)
             sent.append((ps, ck.next_offset,

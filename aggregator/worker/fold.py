@@ -12,6 +12,12 @@ With windowed queries (docs/windows.md §3) every report needs an event time: th
 (schema with a time column) or its Kafka timestamp. A record holding an event time more than
 ``max_event_time_skew_s`` ahead of its Kafka timestamp is dead-lettered (``event_time_skew``): one
 device with a clock in 2099 must not move the watermark past every open window.
+
+A partition whose states refused an update (:attr:`PartitionState.rejected`) is folded again from
+its last checkpoint; until it is past the refused batch, :meth:`Folder.fold` takes its records
+one at a time, each update on a copy of the states kept for a roll-back, and dead-letters a record
+whose update raises (``state_rejected``) or whose fold fails otherwise (``fold_error``), with the
+error in the header ``error`` (docs/reliability.md §9).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 
 import numpy as np
 
+from aggregator.errors import UpdateRejectedError
 from aggregator.metrics import WorkerMetrics
 from aggregator.plan import PipelineRuntime
 from aggregator.worker.partition import PartitionState
@@ -52,6 +59,12 @@ class Folder:
         With windowed queries: a record with an event time more than this many seconds ahead of
         its Kafka timestamp is dead-lettered (``event_time_skew``).
 
+    Attributes
+    ----------
+    careful : dict int → int
+        Partition → offset below which its records are folded one at a time with a roll-back
+        (set by the worker after a rejected update, cleared once past it).
+
     Notes
     -----
     The methods call each other through the instance, so a benchmark may wrap one (e.g.
@@ -69,10 +82,51 @@ class Folder:
         self.max_record_bytes = max_record_bytes
         self.coalesce = coalesce
         self.max_event_time_skew_s = float(max_event_time_skew_s)
+        self.careful: dict[int, int] = {}
+        # partition → offsets dead-lettered by this process at or after the partition's durable
+        # checkpoint: a replay (after a rejected update, or a partition assigned again) does not
+        # send them twice
+        self.sent: dict[int, set[int]] = {}
+        self._atomic = False  # fold_decoded updates inline, rolling back a refused update
 
     def fold(self, ps: PartitionState, records: list) -> int:
         """Fold ``records`` (kafka-python ``ConsumerRecord``\\ s of ``ps``'s partition, offsets
-        increasing) into ``ps``; returns the number of reports folded in."""
+        increasing) into ``ps``; returns the number of reports folded in. Records of a partition
+        in :attr:`careful` go through :meth:`fold_carefully`."""
+        sent = self.sent.get(ps.partition)
+        if sent is not None and len(sent) > 4096 and ps.published_offset is not None:
+            self.sent[ps.partition] = {o for o in sent if o >= ps.published_offset}
+        end = self.careful.get(ps.partition)
+        if end is not None:
+            return self.fold_carefully(ps, records, end)
+        return self.fold_plain(ps, records)
+
+    def fold_carefully(self, ps: PartitionState, records: list, end: int) -> int:
+        """Fold the records below offset ``end`` one at a time, each update applied to the
+        states inline and rolled back if a state raises; such a record, or one whose fold fails
+        otherwise, is dead-lettered (``state_rejected`` / ``fold_error``, header ``error``).
+        The records from ``end`` on are folded as usual. Returns the reports folded in."""
+        n = 0
+        for i, rec in enumerate(records):
+            if rec.offset >= end:
+                del self.careful[ps.partition]
+                log.info("partition %d: past offset %d, folding as usual again", ps.partition, end)
+                return n + self.fold_plain(ps, records[i:])
+            self._atomic = True
+            try:
+                n += self.fold_plain(ps, [rec])
+            except UpdateRejectedError as exc:
+                self.dead_letter(rec, "state_rejected", error=str(exc))
+            except Exception as exc:
+                ps.next_offset = max(ps.next_offset, rec.offset + 1)
+                self.dead_letter(rec, "fold_error", error=f"{type(exc).__name__}: {exc}")
+            finally:
+                self._atomic = False
+        return n
+
+    def fold_plain(self, ps: PartitionState, records: list) -> int:
+        """:meth:`fold` without the careful path: skip duplicates, count gaps, dead-letter
+        what is refused, fold the rest (one update per poll with ``coalesce``)."""
         if self.coalesce and records and records[0].offset == ps.next_offset \
                 and records[-1].offset == ps.next_offset + len(records) - 1:
             # the usual poll: the next offsets, no gap, no duplicate (offsets increase)
@@ -191,18 +245,42 @@ class Folder:
             st = ps.states[name]
             if st.late_listener is None:
                 st.late_listener = self.metrics.late.labels(query=name).inc
-        self.threads.update(ps.states, batch, x2)
+        if self._atomic:
+            self.update_or_roll_back(ps, batch, x2)
+        else:
+            self.threads.update(ps, batch, x2)
         ps.records += len(values)
         ps.reports += batch.n
         self.metrics.records.inc(len(values))
         self.metrics.reports.inc(batch.n)
         return batch.n
 
-    def dead_letter(self, rec, reason: str) -> None:
-        """Send ``rec`` to the dead-letter topic with its ``reason`` and source headers."""
+    def update_or_roll_back(self, ps: PartitionState, batch: ReportBatch, x2: np.ndarray) -> None:
+        """Update the states of ``ps`` inline after the updates in flight; if a state raises,
+        put back copies of the states taken before and raise :class:`UpdateRejectedError`."""
+        self.threads.drain()
+        before = {name: st.copy() for name, st in ps.states.items()}
+        try:
+            for st in ps.states.values():
+                st.update(batch, x2)
+        except Exception as exc:
+            ps.states.clear()
+            ps.states.update(before)
+            raise UpdateRejectedError(f"{type(exc).__name__}: {exc}") from exc
+
+    def dead_letter(self, rec, reason: str, error: str | None = None) -> None:
+        """Send ``rec`` to the dead-letter topic with its ``reason`` and source headers (and
+        ``error``, the exception's text truncated to 1000 characters, when given) — unless this
+        process already sent it (a replay of the partition)."""
+        sent = self.sent.setdefault(rec.partition, set())
+        if rec.offset in sent:
+            return
+        sent.add(rec.offset)
         headers = [("reason", reason.encode()), ("source_topic", rec.topic.encode()),
                    ("source_partition", str(rec.partition).encode()),
                    ("source_offset", str(rec.offset).encode())]
+        if error is not None:
+            headers.append(("error", error[:1000].encode()))
         value = rec.value or b""
         if len(value) > self.max_record_bytes:
             # an oversized record would exceed the producer's max_request_size and crash the worker

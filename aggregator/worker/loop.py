@@ -386,15 +386,60 @@ class Worker:
                           key, self.reader.offsets.get(key), exc, partition)
         return PartitionState(partition, 0, self.runtime.new_states(), 0, 0)  # dirty: none published
 
+    def recover_rejected(self) -> int:
+        """Replace every owned partition whose update was rejected (a state raised on its
+        data, :attr:`PartitionState.rejected`): wait for the fold and update threads and the
+        checkpoint on its way, drop the partition, pause it and restore it from its last
+        durable checkpoint at the next :meth:`restore_pending`; its records up to the rejected
+        batch's end are then folded one at a time and the one a state refuses is dead-lettered
+        (:meth:`Folder.fold_carefully`, docs/reliability.md §9). Main thread; returns the
+        number of partitions dropped."""
+        if not any(ps.rejected is not None for ps in list(self.owned.values())):
+            return 0
+        from kafka import TopicPartition
+
+        self._wait_fold()
+        with self.lock:
+            self.threads.drain()
+        self._check_checkpoint(block=True)  # its offsets are committed before the restore reads it
+        dropped = 0
+        with self.lock:
+            for p, ps in list(self.owned.items()):
+                if ps.rejected is None:
+                    continue
+                end, error = ps.rejected
+                del self.owned[p]
+                self.folder.careful[p] = max(end, self.folder.careful.get(p, 0))
+                tp = TopicPartition(self.reports_topic, p)
+                if tp in self.consumer.assignment():
+                    self.consumer.pause(tp)
+                    self.pending.add(tp)
+                self.metrics.rejected_updates.labels(partition=str(p)).inc()
+                dropped += 1
+                log.error("partition %d: a state refused an update (%s); restoring it from its last "
+                          "checkpoint (offset %s) and folding its records up to offset %d one at a "
+                          "time, the refused record goes to the dead-letter topic", p, error,
+                          ps.published_offset if ps.published_offset is not None else 0, end)
+            self.metrics.owned.set(len(self.owned))
+        return dropped
+
     # ------------------------------------------------------------------------------- processing
     def process(self, partition: int, records: list) -> int:
         """Fold the records of one poll of ``partition`` into its state (:class:`Folder`);
         returns the number of reports folded in (0 for a partition not owned: not restored
-        yet, or revoked — its records are fetched again by its owner)."""
+        yet, or revoked — its records are fetched again by its owner — and for one whose
+        update was rejected). A fold that raises an ``Exception`` marks the partition
+        rejected (:meth:`recover_rejected` folds it again) instead of stopping the worker."""
         ps = self.owned.get(partition)
-        if ps is None:
+        if ps is None or ps.rejected is not None:  # a rejected one is folded again from its checkpoint
             return 0
-        return self.folder.fold(ps, records)
+        try:
+            return self.folder.fold(ps, records)
+        except Exception as exc:  # a fold that failed on data: this partition alone is folded again
+            if ps.rejected is None:
+                ps.rejected = (max(ps.next_offset, records[-1].offset + 1) if records else ps.next_offset,
+                               f"{type(exc).__name__}: {exc}")
+            return 0
 
     def fold_poll(self, got: Mapping) -> None:
         """Fold the records of one ``poll`` result (``{TopicPartition: [ConsumerRecord]}``) into
@@ -560,6 +605,7 @@ class Worker:
         cp, threads = self.checkpoints, self.threads
         try:
             while not self._stop.is_set():
+                self.recover_rejected()
                 if self.pending:
                     self.restore_pending()
                 try:

@@ -39,6 +39,11 @@ class PartitionState:
     published_offset : int or None
         ``next_offset`` of the last checkpoint of this partition known to be durable (restored
         from, or acknowledged by the broker); ``None``: none yet.
+    rejected : tuple of (int, str) or None
+        Set when a state refused an update or a fold failed (docs/reliability.md §9):
+        ``(end, error)`` — the records below offset ``end`` must be folded again one at a time
+        from the last durable checkpoint, and ``error`` is what was raised. Such a state is never
+        checkpointed again; the worker replaces it (:meth:`Worker.recover_rejected`).
     """
 
     partition: int
@@ -47,6 +52,7 @@ class PartitionState:
     reports: int = 0
     records: int = 0
     published_offset: int | None = None
+    rejected: tuple[int, str] | None = None
 
     @property
     def dirty(self) -> bool:

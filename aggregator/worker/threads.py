@@ -1,9 +1,13 @@
 """The worker's overlap threads: ``ldp-fold`` folds one poll while the main thread fetches the
 next, ``ldp-update`` runs the state updates (one in flight) while the fold thread goes on.
 
-:class:`OverlapThreads` also keeps the first failure of a fold or an update: offsets have already
-moved past that batch, so no checkpoint may follow it (the worker stops and its restart replays
-from the last checkpoint).
+A state that raises an ``Exception`` while updating a partition marks that partition
+(:attr:`PartitionState.rejected`): its states are never checkpointed again and later updates of
+it are skipped, while the other partitions go on; the worker folds its records again from the last
+checkpoint (docs/reliability.md §9). Anything else (a ``BaseException`` that is not an
+``Exception``, or a failure outside a partition's update) is kept as :attr:`OverlapThreads.failure`:
+offsets have already moved past that batch, so no checkpoint may follow it (the worker stops and
+its restart replays from the last checkpoint).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from aggregator.worker.partition import PartitionState
 from ingest.batch import ReportBatch
 
 __all__ = ["OverlapThreads"]
@@ -31,7 +36,8 @@ class OverlapThreads:
     Attributes
     ----------
     failure : BaseException or None
-        The first failed fold or update: no checkpoint may be published after it.
+        The first failure that is not a partition's rejected update: no checkpoint may be
+        published after it.
     folder, updater : ThreadPoolExecutor or None
         The ``ldp-fold`` and ``ldp-update`` threads while started.
 
@@ -75,22 +81,30 @@ class OverlapThreads:
             raise self.failure
 
     # ----------------------------------------------------------------------------- updates
-    def update(self, states: dict, batch: ReportBatch, x2: np.ndarray) -> None:
-        """Fold a batch into ``states``: inline, or on the update thread with at most one update
-        in flight (the caller holds the worker's lock)."""
+    def update(self, ps: PartitionState, batch: ReportBatch, x2: np.ndarray) -> None:
+        """Fold a batch into the states of ``ps`` (whose ``next_offset`` is already past the
+        batch's records): inline, or on the update thread with at most one update in flight
+        (the caller holds the worker's lock)."""
         self.raise_failure()
         if self.updater is None:
-            self.apply(states, batch, x2)
+            self.apply(ps, batch, x2, ps.next_offset)
             return
-        self._inflight.append(self.updater.submit(self.apply, states, batch, x2))
+        self._inflight.append(self.updater.submit(self.apply, ps, batch, x2, ps.next_offset))
         while len(self._inflight) > 1:
             self.wait_one()
 
-    def apply(self, states: dict, batch: ReportBatch, x2: np.ndarray) -> None:
-        """Update every state with the batch; a failure is recorded (no checkpoint after it)."""
+    def apply(self, ps: PartitionState, batch: ReportBatch, x2: np.ndarray, end: int) -> None:
+        """Update every state of ``ps`` with the batch (the reports of records below offset
+        ``end``). A state's ``Exception`` sets ``ps.rejected = (end, error)`` and returns; an
+        update of a partition already rejected is skipped; any other failure is recorded
+        (no checkpoint after it) and raised."""
+        if ps.rejected is not None:
+            return  # its states are discarded: the worker folds these records again
         try:
-            for st in states.values():
+            for st in ps.states.values():
                 st.update(batch, x2)
+        except Exception as exc:
+            ps.rejected = (end, f"{type(exc).__name__}: {exc}")
         except BaseException as exc:
             # offsets already moved past this batch: publishing any later checkpoint would lose
             # it, so the worker must stop without one (its restart replays from the last)

@@ -215,10 +215,15 @@ def test_updates_on_the_update_thread_equal_inline_updates(runtime, records):
     bg.threads.shutdown()
 
 
+class Fatal(BaseException):
+    """Not an ``Exception``: what no partition's recovery may swallow (as KeyboardInterrupt)."""
+
+
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_failed_update_stops_checkpoints(runtime, records, overlap, caplog):
-    """Offsets move past a batch before its update completes: after a failed update no checkpoint
-    may be published (it would skip the batch); the worker stops and replays from the last one."""
+def test_a_fatal_update_stops_checkpoints(runtime, records, overlap, caplog):
+    """Offsets move past a batch before its update completes: after an update that raised a
+    ``BaseException`` that is no ``Exception`` no checkpoint may be published (it would skip the
+    batch); the worker stops and replays from the last one."""
     w = make_worker(runtime, overlap=overlap)
     if overlap:
         with_update_thread(w)
@@ -228,19 +233,19 @@ def test_a_failed_update_stops_checkpoints(runtime, records, overlap, caplog):
     st = next(iter(w.owned[0].states.values()))
 
     def boom(batch, x2):
-        raise RuntimeError("state update failed")
+        raise Fatal("state update failed")
 
     st.update = boom
     if overlap:
         w.process(0, [rec(1, records[1])])  # submitted; the failure surfaces at the next wait
-        with pytest.raises(RuntimeError, match="state update failed"):
+        with pytest.raises(Fatal, match="state update failed"):
             w.checkpoint(force=True)
     else:
-        with pytest.raises(RuntimeError, match="state update failed"):
+        with pytest.raises(Fatal, match="state update failed"):
             w.process(0, [rec(1, records[1])])
-    with pytest.raises(Exception, match="state update failed"):
+    with pytest.raises(BaseException, match="state update failed"):
         w.checkpoint(force=True)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(Fatal):
         w.process(0, [rec(2, records[2])])
     w.shutdown()
     assert len(w.producer.sent) == sent  # nothing published after the failure
@@ -261,3 +266,93 @@ def test_runtime_without_batched_hooks_decodes_and_doubles_record_by_record(runt
     x_fast, x_plain = runtime.double_many(b1, good, counts), plain.double_many(b2, good, counts)
     np.testing.assert_array_equal(x_fast, x_plain)
     assert not np.array_equal(x_fast[:7], x_fast[7:14])  # each record has its own seed
+
+
+def _refusing(st, refuse):
+    """Make ``st.update`` raise ``ValueError`` for a batch ``refuse(batch)`` is true of."""
+    inner = st.update
+
+    def update(batch, x2):
+        if refuse(batch):
+            raise ValueError("this state cannot take it")
+        inner(batch, x2)
+
+    st.update = update
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_refused_update_drops_only_its_partition(runtime, records, overlap):
+    """A state's ``Exception`` on a batch of partition 0 marks that partition rejected (the batch's
+    end and the error), never raises out of the worker, publishes no further checkpoint of it
+    while partition 1 goes on, and :meth:`Worker.recover_rejected` drops, pauses and queues it
+    for a restore whose records up to that end are folded carefully."""
+    from kafka import TopicPartition
+
+    from aggregator.worker import PartitionState
+
+    w = make_worker(runtime, overlap=overlap)
+    if overlap:
+        with_update_thread(w)
+    w.owned[1] = PartitionState(1, 0, runtime.new_states())
+    w.process(0, [rec(0, records[0])])
+    w.process(1, [rec(0, records[1], partition=1)])
+    assert w.checkpoint(force=True) == 2
+    _refusing(list(w.owned[0].states.values())[-1], lambda b: True)
+    w.process(0, [rec(1, records[2]), rec(2, records[3])])
+    w.process(0, [rec(3, records[4])])  # after the refusal: skipped
+    w.process(1, [rec(1, records[5], partition=1)])
+    sent = len(w.producer.sent)
+    assert w.checkpoint(force=True) == 1  # partition 1 only
+    (topic, key, value, _), = w.producer.sent[sent:]
+    assert key == checkpoint_key(runtime.name, 1) and Checkpoint.from_bytes(value).next_offset == 2
+    assert w.owned[0].rejected == (3, "ValueError: this state cannot take it")
+    assert w.threads.failure is None
+    assert w.recover_rejected() == 1
+    assert set(w.owned) == {1} and w.folder.careful == {0: 3}
+    assert w.pending == {TopicPartition("reports", 0)} == w.consumer.paused
+    assert 'partition="0"' in w.metrics.exposition().decode().split("ldp_partition_recoveries_total")[-1][:40]
+    assert w.recover_rejected() == 0
+    w.shutdown()
+    assert all(k != checkpoint_key(runtime.name, 0) for _, k, _, _ in w.producer.sent[sent + 1:])
+
+
+def test_a_fold_that_raises_marks_its_partition_rejected(runtime, records, monkeypatch):
+    w = make_worker(runtime)
+    monkeypatch.setattr(w.runtime, "double_many", lambda *a: (_ for _ in ()).throw(RuntimeError("no")))
+    assert w.process(0, [rec(0, records[0]), rec(1, records[1])]) == 0
+    assert w.owned[0].rejected == (2, "RuntimeError: no")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_careful_folding_dead_letters_the_refused_record_and_rolls_back(runtime, records, overlap):
+    """Below ``careful[p]`` records are folded one at a time: the one a state refuses goes to the
+    dead-letter topic (``state_rejected``, the error in a header), the states that took it before
+    the refusing one are rolled back, and the result equals a record-by-record pass over the other
+    records; from ``careful[p]`` on the worker folds as usual."""
+    poison = ps.make_records(runtime.schema, n_records=1, per_record=3, seed=9)[0]
+    stream = records[:5] + [poison] + records[5:]  # offsets 0..12, the poison at 5
+    w = make_worker(runtime, overlap=overlap)
+    if overlap:
+        with_update_thread(w)
+    w.folder.careful[0] = 12
+    _refusing(list(w.owned[0].states.values())[-1], lambda b: b.n == 3)  # the last: others roll back
+    recs = [rec(i, v) for i, v in enumerate(stream)]
+    assert w.process(0, recs[:4]) == 4 * 7
+    assert w.process(0, recs[4:12]) == 7 * 7 and w.folder.careful == {0: 12}
+    assert w.process(0, recs[12:]) == 7 and w.folder.careful == {}  # at 12: as usual again
+    w.checkpoint(force=True)
+    dl = [(v, h) for t, _, v, h in w.producer.sent if t == "dlq"]
+    assert len(dl) == 1 and dl[0][0] == poison
+    h = {k: v.decode() for k, v in dl[0][1].items()}
+    assert h["reason"] == "state_rejected" and h["source_offset"] == "5"
+    assert h["error"] == "ValueError: this state cannot take it"
+    assert 'reason="state_rejected"' in w.metrics.exposition().decode()
+    got = Checkpoint.from_bytes(w.producer.sent[-1][2])
+    ref = make_worker(runtime, coalesce=False)
+    for i, v in enumerate(records):
+        ref.process(0, [rec(i, v)])
+    ref.checkpoint(force=True)
+    want = Checkpoint.from_bytes(ref.producer.sent[-1][2])
+    assert (got.next_offset, got.reports, got.records) == (13, 12 * 7, 12) == (13, want.reports, 12)
+    assert got.states == want.states  # one update per record in both: bit-identical
+    w.shutdown()

@@ -77,10 +77,20 @@ class FakeConsumer:
     """``poll`` hands out the given poll results, then nothing (after a short wait)."""
 
     def __init__(self, polls, on_poll=None):
+        from kafka import TopicPartition
+
         self.polls = list(polls)
         self.calls = 0
         self.on_poll = on_poll
         self.commits = []
+        self.assigned = {TopicPartition("reports", 0), TopicPartition("reports", 1)}
+        self.paused = set()
+
+    def assignment(self):
+        return set(self.assigned)
+
+    def pause(self, *tps):
+        self.paused.update(tps)
 
     def poll(self, timeout_ms=0, max_records=None):
         self.calls += 1

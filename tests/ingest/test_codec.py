@@ -445,3 +445,46 @@ def test_decode_many_merges_event_times_of_records_with_different_bases(compiled
     batch, results = codec.decode_many([records[0], bytes(bad), records[2]], known)
     assert isinstance(results[1], codec.OutOfRangeError)
     assert batch.event_time.tolist() == [*batches[0].event_time, *batches[2].event_time]
+
+
+def _urap_record(k: int, rows: list[list[int]]) -> tuple[TelemetrySchema, bytes]:
+    """A one-field uRAP schema over ``k`` categories whose last three are non-sensitive, and the
+    record of ``rows`` (each report's set bit positions)."""
+    schema = TelemetrySchema.from_dict({"name": "u", "categorical": [{
+        "name": "c", "categories": [f"v{j}" for j in range(k)],
+        "sensitive": [f"v{j}" for j in range(k - 3)], "mechanism": "urap", "epsilon": 1.0}]})
+    dense = np.zeros((len(rows), k), dtype=bool)
+    for i, row in enumerate(rows):
+        dense[i, row] = True
+    batch = ReportBatch(schema.fingerprint, np.zeros((len(rows), 0)), {"c": SparseBits.from_dense(dense)})
+    return schema, encode(batch)
+
+
+# (k, the bits every report carries besides its non-sensitive ones, the layout encode picks)
+LAYOUTS = [(300, [5], 2), (9, list(range(6)), 3)]
+
+
+@pytest.mark.parametrize(("k", "base", "kind"), LAYOUTS, ids=["positions", "bitmap"])
+@pytest.mark.parametrize("n_ns", [0, 1, 2, 3])
+def test_a_urap_report_with_two_or_more_non_sensitive_bits_is_impossible(k, base, kind, n_ns):
+    """uRAP sets at most one non-sensitive bit (docs/frequency.md §3): 0 or 1 decode; 2 or 3
+    are refused as ``impossible_report`` by decode and by decode_many's compiled pass, in both
+    wire layouts, and only that record is refused."""
+    ns = list(range(k - 3, k))[:n_ns]
+    schema, bad = _urap_record(k, [base, base + ns, base])
+    _, good = _urap_record(k, [base, base + ns[:1]])
+    assert bad[32] == good[32] == kind  # the block layout under test
+    known = {schema.fingerprint: schema}
+    batch, results = codec.decode_many([good, bad, good], known)
+    if n_ns <= 1:
+        col = decode(bad, known).categorical["c"]
+        assert col.n == 3 and list(col.indices[col.offsets[1]:col.offsets[2]]) == base + ns
+        assert results == [2, 3, 2] and batch.n == 7
+        return
+    with pytest.raises(codec.ImpossibleReportError, match=f"report 1 has {n_ns} non-sensitive bits"):
+        decode(bad, known)
+    assert codec.ImpossibleReportError.reason == "impossible_report" in DECODE_REASONS
+    assert results[0] == results[2] == 2 and isinstance(results[1], codec.ImpossibleReportError)
+    assert batch.n == 4
+    good_rows = base + base + ns[:1]  # the two good records' reports, in order
+    np.testing.assert_array_equal(batch.categorical["c"].indices, np.array(good_rows * 2))
