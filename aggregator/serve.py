@@ -113,7 +113,9 @@ def estimate_payload(name: str, state) -> dict:
     -------
     dict
         ``Estimate.to_dict()`` (value, stderr, ci_low, ci_high, n, level, params, …), plus
-        ``hessian_guard`` for the renewable regression states (docs/mechanisms.md §6.6); when the
+        ``hessian_guard`` for the renewable regression states (docs/mechanisms.md §6.6) and
+        ``independence`` (``{"assumed": true, "memoized_fields", "note"}``) when the query reads
+        a memoized field (:func:`memoized_fields`, docs/devices.md §4); when the
         state cannot estimate yet, ``{"query": name, "n": state.n, "error": "..."}``.
     """
     try:
@@ -121,6 +123,13 @@ def estimate_payload(name: str, state) -> dict:
         guarded = getattr(state, "guarded", None)
         if guarded is not None:  # renewable states: how often H's positive-definiteness guard acted
             out["hessian_guard"] = int(guarded)
+        memo = memoized_fields(state)
+        if memo:
+            out["independence"] = {
+                "assumed": True, "memoized_fields": list(memo),
+                "note": "stderr and the interval treat every report as independent, but devices resend "
+                        f"the memoized reports of {', '.join(memo)}: with T resends of one randomization "
+                        "they are up to sqrt(T) too narrow (docs/devices.md §4)"}
         return out
     except (AggregatorError, ValueError, ArithmeticError) as exc:
         return {"query": name, "n": int(getattr(state, "n", 0)), "error": str(exc)}
@@ -128,6 +137,31 @@ def estimate_payload(name: str, state) -> dict:
         log.exception("query %r: estimate failed", name)
         return {"query": name, "n": int(getattr(state, "n", 0)),
                 "error": f"internal error: {type(exc).__name__}: {exc}"}
+
+
+def memoized_fields(state) -> tuple[str, ...]:
+    """The fields of ``state``'s query that the schema memoizes (docs/devices.md §3): their
+    reports may be resends of one randomization, which the intervals do not model.
+
+    Parameters
+    ----------
+    state : State
+        A query state (``query`` and ``schema`` attributes).
+
+    Returns
+    -------
+    tuple of str
+        In the query's field order; empty when none (or the state has no query).
+    """
+    from aggregator.queries import query_fields
+
+    query, schema = getattr(state, "query", None), getattr(state, "schema", None)
+    if query is None or schema is None:
+        return ()
+    memo = {c.name for c in schema.categorical if c.memoize}
+    if schema.numeric is not None:
+        memo |= {f.name for f in schema.numeric.fields if f.memoize}
+    return tuple(f for f in query_fields(query) if f in memo)
 
 
 class EstimateStore:
