@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 
 __all__ = [
     "EXIT_WITH_PARENT_ENV",
@@ -21,6 +22,7 @@ __all__ = [
     "set_parent_death_signal",
     "spawn_process",
     "stop_process",
+    "stop_processes",
 ]
 
 
@@ -155,6 +157,44 @@ def stop_process(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTE
             proc.kill()
         proc.wait(timeout=10.0)
     return proc.returncode
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float,
+                   sig: int = signal.SIGTERM) -> list[int | None]:
+    """Stop every process of ``procs`` at once: SIGCONT (if frozen) and ``sig`` to each, one
+    shared wait of up to ``timeout`` s, then SIGKILL to those still running, and wait.
+
+    Their clean stops (a worker's final checkpoint, serve's shutdown) then overlap instead of
+    adding up as with :func:`stop_process` one after the other.
+
+    Parameters
+    ----------
+    procs : list of subprocess.Popen
+    timeout : float
+        Seconds to wait, for all of them together, after ``sig`` before SIGKILL.
+    sig : int
+        The first signal.
+
+    Returns
+    -------
+    list of int or None
+        The exit status of each, in the order of ``procs`` (as ``Popen.returncode``).
+    """
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(sig)
+    deadline = time.monotonic() + timeout
+    for p in running:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait(timeout=10.0)
+    return [p.returncode for p in procs]
 
 
 def spawn_process(cmd: list[str], *, log_path: str | os.PathLike | None = None, env: dict | None = None,

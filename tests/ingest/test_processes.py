@@ -7,7 +7,7 @@ import socket
 import sys
 import time
 
-from ingest.processes import free_port, port_is_free, spawn_process, stop_process
+from ingest.processes import free_port, port_is_free, spawn_process, stop_process, stop_processes
 
 
 def test_free_port_is_bindable():
@@ -49,3 +49,30 @@ def test_spawn_passes_the_parent_to_watch(tmp_path):
     assert proc.wait(30) == 0
     assert log.read_text().split()[-1] == "None"
     assert stop_process(proc, timeout=1, sig=signal.SIGKILL) == 0
+
+
+def test_stop_processes_stops_them_at_once_and_kills_the_stubborn(tmp_path):
+    # two children that take 1.5 s to stop on SIGTERM stop together (≈ 1.5 s, not 3 s); one
+    # that ignores SIGTERM is killed when the shared timeout is over
+    slow = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), "
+            "sys.exit(0))); print('up', flush=True); time.sleep(60)")
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('up', flush=True); time.sleep(60)")
+    logs = [tmp_path / f"c{i}.log" for i in range(3)]
+    procs = [spawn_process([sys.executable, "-c", code], log_path=log)
+             for code, log in zip((slow, slow, stubborn), logs, strict=True)]
+    try:
+        for log in logs:  # every handler is installed
+            for _ in range(1000):
+                if "up" in log.read_text():
+                    break
+                time.sleep(0.01)
+        t0 = time.monotonic()
+        assert stop_processes(procs[:2], timeout=10) == [0, 0]
+        assert time.monotonic() - t0 < 2.8
+        t0 = time.monotonic()
+        assert stop_processes(procs, timeout=0.5) == [0, 0, -signal.SIGKILL]
+        assert time.monotonic() - t0 < 5
+    finally:
+        for p in procs:
+            stop_process(p, timeout=1, sig=signal.SIGKILL)
