@@ -380,13 +380,16 @@ def warm() -> None:
     if _warm:
         return
     v = np.zeros(2)
+    s = np.zeros(4)[::2]  # strided ('A' layout: a column of the decoded matrix); of 2, not 1
     moments_batch(v, v)
-    moments_batch(v[::2], v[::2])
+    moments_batch(s, s)
     c = np.zeros(3, np.int64)
     pad = np.array([-np.inf, 0.0, 1.0, np.inf])
     histogram3(v, v, 0.0, 1.0, pad, c, c.copy(), c.copy())
-    histogram3(v[::2], v[::2], 0.0, 1.0, pad, c, c.copy(), c.copy())
+    histogram3(s, s, 0.0, 1.0, pad, c, c.copy(), c.copy())
     urap_counts(np.zeros(1, np.int32), np.array([0, 1]), np.array([0, -1]), 2, 1)
     sl_draws(np.zeros(1, np.uint64), np.ones(1, np.int64), np.empty((1, 2)))
-    sl_double(np.zeros(1, np.uint64), np.ones(1, np.int64), np.zeros((1, 2)), np.ones(2), np.empty((1, 2)))
+    sd = np.ones(2)
+    sd.flags.writeable = False  # double_records passes sd through np.broadcast_to: read-only
+    sl_double(np.zeros(1, np.uint64), np.ones(1, np.int64), np.zeros((1, 2)), sd, np.empty((1, 2)))
     _warm = True
