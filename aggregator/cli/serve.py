@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.plan import PipelineRuntime
     from aggregator.serve import EstimateStore, build_app, check_bindable, run_server
     from aggregator.topics import ensure_topics
+    from aggregator.warm import announce_compile
 
     if args.host is not None and not args.host.strip():
         raise CLIError("--host must be an address to bind, got ''")
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         from ingest.processes import free_port
 
         port = free_port(host)
+    announce_compile("ldp-stream serve")  # the states' kernels are compiled or loaded next
     runtime = PipelineRuntime.from_config(cfg)
     ensure_topics(cfg)
     reader = StateTopicReader.connect(cfg.kafka, cfg.topics.state, runtime.name, panes=True)

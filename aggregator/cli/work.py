@@ -70,6 +70,7 @@ def _run(args: argparse.Namespace, old_handlers: dict) -> int:
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError
     from aggregator.metrics import WorkerMetrics, start_metrics_server
+    from aggregator.warm import announce_compile
     from aggregator.worker import DEFAULT_MAX_POLL_RECORDS, ensure_topics, worker_from_config
 
     if args.max_reports is not None and args.max_reports < 1:
@@ -85,6 +86,7 @@ def _run(args: argparse.Namespace, old_handlers: dict) -> int:
         raise CLIError(f"--max-poll-records must be >= 1, got {max_poll}")
     cfg = PipelineConfig.load(args.config)
     cfg.require_queries("a worker would consume reports without estimating anything")
+    announce_compile("ldp-stream work")  # the states' kernels are compiled or loaded next
     metrics = WorkerMetrics()
     worker = worker_from_config(cfg, group_id=args.group_id, metrics=metrics,
                                 coalesce=not args.no_coalesce, max_poll_records=max_poll)
