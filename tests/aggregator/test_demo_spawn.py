@@ -1,5 +1,5 @@
 """How the demo starts its processes: no fork that can hang a matrix product on another thread,
-and children that stop when the demo dies (``aggregator.demo.run._spawn``,
+and children that stop when the demo dies (``aggregator.demo.children.spawn``,
 ``ingest.processes.exit_with_parent``)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_spawning_children_does_not_hang_a_matrix_product_on_another_thread(tmp_
         import threading
         import numpy as np
         from pathlib import Path
-        from aggregator.demo import run as demo
+        from aggregator.demo import children
 
         rng = np.random.default_rng(1)
         z = rng.standard_normal((327_346, 2))
@@ -51,7 +51,7 @@ def test_spawning_children_does_not_hang_a_matrix_product_on_another_thread(tmp_
         t = threading.Thread(target=products, daemon=True)
         t.start()
         for i in range(12):
-            child = demo._spawn(f"c{{i}}", ["--help"], Path({str(tmp_path)!r}))
+            child = children.spawn(f"c{{i}}", ["--help"], Path({str(tmp_path)!r}))
             assert child.proc.wait(timeout=60) == 0, child.tail()
         stop.set()
         t.join(timeout=30)
