@@ -17,6 +17,7 @@ from ingest.event_time import MAX_EVENT_TIME
 from mechanisms.uldp import SparseBits
 from tests.integration import chaos_support as cs
 
+
 def _runtime():
     """Every available query kind of the flights pipeline, plus windowed ones."""
     import tomllib
@@ -44,7 +45,8 @@ EXTREME = st.sampled_from([1e308, -1e308, 1e200, -1e160])
 def bodies(draw, numbers=PLAUSIBLE):
     n = draw(st.integers(1, 12))
     d = len(SCHEMA.numeric_names)
-    numeric = np.array(draw(st.lists(numbers, min_size=n * d, max_size=n * d)), dtype=np.float64).reshape(n, d)
+    flat = draw(st.lists(numbers, min_size=n * d, max_size=n * d))
+    numeric = np.array(flat, dtype=np.float64).reshape(n, d)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     cat, n_ns = {}, draw(st.integers(0, 3))
     for c in SCHEMA.categorical:
@@ -80,7 +82,7 @@ def _fold(drawn) -> None:
         return  # refused with a reason (e.g. a NaN from a product of extremes): nothing to fold
     x2 = RUNTIME.double_many(batch, [body], results)
     states = RUNTIME.new_states()
-    for name, state in states.items():
+    for state in states.values():
         state.update(batch, x2)  # must not raise
     assert sum(1 for _ in states) == len(RUNTIME.query_names)
 

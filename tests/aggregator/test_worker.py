@@ -303,7 +303,7 @@ def test_a_refused_update_drops_only_its_partition(runtime, records, overlap):
     w.process(1, [rec(1, records[5], partition=1)])
     sent = len(w.producer.sent)
     assert w.checkpoint(force=True) == 1  # partition 1 only
-    (topic, key, value, _), = w.producer.sent[sent:]
+    (_, key, value, _), = w.producer.sent[sent:]
     assert key == checkpoint_key(runtime.name, 1) and Checkpoint.from_bytes(value).next_offset == 2
     assert w.owned[0].rejected == (3, "ValueError: this state cannot take it")
     assert w.threads.failure is None
@@ -330,7 +330,7 @@ def test_careful_folding_dead_letters_the_refused_record_and_rolls_back(runtime,
     the refusing one are rolled back, and the result equals a record-by-record pass over the other
     records; from ``careful[p]`` on the worker folds as usual."""
     poison = ps.make_records(runtime.schema, n_records=1, per_record=3, seed=9)[0]
-    stream = records[:5] + [poison] + records[5:]  # offsets 0..12, the poison at 5
+    stream = [*records[:5], poison, *records[5:]]  # offsets 0..12, the poison at 5
     w = make_worker(runtime, overlap=overlap)
     if overlap:
         with_update_thread(w)

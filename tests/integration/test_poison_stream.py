@@ -210,8 +210,8 @@ def test_poison_in_a_stream_through_collector_and_kafka(request, tmp_path, boots
                         continue
                     status, js = _post(url, value, f"k-{i}", token)
                     if route in ("good", "accepted"):
-                        assert status == 202 and js["accepted"] == decode(value, {schema.fingerprint: schema}).n, \
-                            (kind, status, js)
+                        n = decode(value, {schema.fingerprint: schema}).n
+                        assert status == 202 and js["accepted"] == n, (kind, status, js)
                     else:
                         assert status in (413, 422) and set(js) == {"error", "reason"} and js["reason"], \
                             (kind, status, js)
@@ -289,7 +289,8 @@ def test_poison_in_a_stream_through_collector_and_kafka(request, tmp_path, boots
         if name not in runtime.windowed:
             assert merged[name].to_bytes() == st.to_bytes(), name
     summary = {"good_reports": info["reports"], "refused_by_collector": dict(refusals),
-               "dead_lettered": dict(by_reason), "recoveries": metric_totals(text).get("ldp_partition_recoveries_total", 0)}
+               "dead_lettered": dict(by_reason),
+               "recoveries": metric_totals(text).get("ldp_partition_recoveries_total", 0)}
     request.node.user_properties.append(("poison_stream", summary))
     print("POISON_STREAM", summary)
 
@@ -304,7 +305,7 @@ def _interleave(actions: list, rng) -> list:
     rest = goods[40:]
     slots = sorted(rng.integers(0, len(rest) + 1, len(others)))
     j = 0
-    for i, a in enumerate(rest + [None]):
+    for i, a in enumerate([*rest, None]):
         while j < len(others) and slots[j] == i:
             out.append(others[j])
             j += 1
