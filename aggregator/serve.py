@@ -243,6 +243,7 @@ class EstimateStore:
         self._wanted: dict[str, tuple[int, Any]] = {}  # query → the newest state to estimate late
         self._late: dict[str, tuple[int, dict]] = {}  # query → the last estimate computed late
         self._running: set[str] = set()
+        self._queued: dict[str, tuple[Any, int]] = {}  # query → (inputs, number) queued last
 
     # -------------------------------------------------------------------------------- refresh
     def set_checkpoints(self, raw: Mapping[bytes, bytes], offsets: Mapping[bytes, int] | None = None) -> None:
@@ -254,8 +255,9 @@ class EstimateStore:
         Undecodable checkpoints are logged, counted once (``ldp_state_records_invalid_total``)
         and skipped.
         """
+        inputs = None  # the (key, offset) set merged: a costly estimate is queued once per set
         if offsets is not None:
-            sig = tuple(sorted((bytes(k), offsets.get(k, -1)) for k in raw))
+            sig = inputs = tuple(sorted((bytes(k), offsets.get(k, -1)) for k in raw))
             if self.window_view is not None:  # finality also moves with the ends and idle time
                 tick = int(time.time() // max(1.0, self.window_view.idle_timeout_s / 10))
                 sig += (tuple(sorted((self.partition_ends or {}).items())), tick)
@@ -322,7 +324,7 @@ class EstimateStore:
                 else:
                     self.metrics.clear_window(name)
             elif name in merged and self.background and getattr(merged[name], "costly_estimate", False):
-                est, late[name] = self._estimate_late(name, merged[name])
+                est, late[name] = self._estimate_late(name, merged[name], inputs)
             else:
                 est = (estimate_payload(name, merged[name]) if name in merged
                        else {"query": name, "n": 0, "error": missing})
@@ -349,17 +351,25 @@ class EstimateStore:
         else:
             self.metrics.reports.labels(query=name).set(est.get("n", 0))
 
-    def _estimate_late(self, name: str, state) -> tuple[dict, int]:
+    def _estimate_late(self, name: str, state, inputs=None) -> tuple[dict, int]:
         """Queue ``state`` (the newest merged state of ``name``) for the ``ldp-estimate`` thread;
         return the entry to serve meanwhile (the last one, marked ``"pending": true``) and the
-        queued state's number."""
+        queued state's number. The same ``inputs`` (not None) as the state queued last queue
+        nothing: a recomputation without a new checkpoint (the windows' clock) serves that
+        state's estimate, or waits for it, instead of starting the fit again."""
         with self._lock:
-            self._seq += 1
-            seq = self._seq
-            self._wanted[name] = (seq, state)
-            start = name not in self._running
-            self._running.add(name)
-            prev = self._late.get(name, (0, None))[1]
+            queued, seq = self._queued.get(name, (None, 0))
+            fresh = start = inputs is None or inputs != queued
+            if fresh:
+                self._seq += 1
+                seq = self._seq
+                self._queued[name] = (inputs, seq)
+                self._wanted[name] = (seq, state)
+                start = name not in self._running
+                self._running.add(name)
+            done, prev = self._late.get(name, (0, None))
+        if done == seq and not fresh:  # these checkpoints' estimate is computed
+            return prev, seq
         if start:
             threading.Thread(target=self._late_loop, args=(name,), name="ldp-estimate", daemon=True).start()
         if prev is None:

@@ -402,3 +402,33 @@ def test_a_store_fed_by_hand_estimates_everything_at_once(warming):
     store.set_checkpoints(raw)
     assert all("pending" not in e and "error" not in e for e in store.estimates().values())
     assert EstimateStore(runtime, _StubReader(raw)).background
+
+
+def test_a_recomputation_without_a_new_checkpoint_does_not_start_the_fit_again(warming, monkeypatch):
+    """With windowed queries serve recomputes every second without a new checkpoint (the windows'
+    clock). The warm-up fit of the same checkpoints is not queued again: while it runs the entry
+    stays pending (one fit, not one per second, the newest of which was never served while each
+    took longer than a second), and once it landed it is served, not marked pending again."""
+    runtime, raw, want = warming
+    costly = _costly(want)
+    offsets = {k: i for i, k in enumerate(raw)}
+    gate, calls = threading.Event(), []
+    _gated(monkeypatch, gate, calls)
+    store = EstimateStore(runtime, background=True)
+    store.set_checkpoints(raw, offsets)
+    for _ in range(3):
+        store._computed_for = None  # what a tick of the windows' clock does
+        store.set_checkpoints(raw, offsets)
+        assert all(store.estimates()[name]["pending"] is True for name in costly)
+    gate.set()
+    assert store.wait_estimates(20)
+    for _ in range(2):
+        store._computed_for = None
+        store.set_checkpoints(raw, offsets)
+        for name in costly:
+            e = store.estimates()[name]
+            assert "pending" not in e and "error" not in e and e["n"] == want[name].n
+    assert sorted(calls) == sorted((name, want[name].n) for name in costly)  # one fit each
+    store.set_checkpoints(raw, {k: i + 10 for i, k in enumerate(raw)})  # a new checkpoint: fit again
+    assert store.wait_estimates(20)
+    assert len(calls) == 2 * len(costly)
