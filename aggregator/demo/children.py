@@ -111,14 +111,39 @@ def spawn(name: str, args: list[str], log_dir: Path, url: str | None = None,
 
 
 def check_alive(children: Iterable[Child]) -> None:
-    """Raise :class:`ChildExited` for the first child of ``children`` that is no longer running."""
+    """Fail when a child has exited.
+
+    Parameters
+    ----------
+    children : iterable of Child
+
+    Raises
+    ------
+    ChildExited
+        For the first child of ``children`` that is no longer running.
+    """
     for c in children:
         if not c.alive():
             raise ChildExited(c)
 
 
 def answers_http(child: Child, path: str = "", timeout: float = 1.0) -> bool:
-    """Whether ``child.url + path`` answers a GET with a 2xx status."""
+    """Whether the child answers HTTP.
+
+    Parameters
+    ----------
+    child : Child
+        Its :attr:`Child.url` is asked.
+    path : str
+        Appended to the URL (``"/healthz"``).
+    timeout : float
+        Seconds for the request.
+
+    Returns
+    -------
+    bool
+        True when ``GET child.url + path`` answers with a 2xx status.
+    """
     try:
         with urllib.request.urlopen(child.url + path, timeout=timeout) as resp:
             resp.read()
@@ -128,7 +153,17 @@ def answers_http(child: Child, path: str = "", timeout: float = 1.0) -> bool:
 
 
 def exited_ok(child: Child) -> bool:
-    """Whether the child has exited with status 0 (for a one-shot child: done)."""
+    """Whether a one-shot child is done.
+
+    Parameters
+    ----------
+    child : Child
+
+    Returns
+    -------
+    bool
+        True once it has exited with status 0.
+    """
     return child.proc.poll() == 0
 
 
@@ -189,6 +224,14 @@ def wait_ready(children: list[Child], ready: Callable[[Child], bool], *, keep_al
 
 
 def stop_all(children: list[Child], timeout: float = 10.0) -> None:
-    """Stop every child at once (SIGTERM; SIGKILL after ``timeout`` s): the workers' final
-    checkpoints and serve's shutdown overlap (``ingest.processes.stop_processes``)."""
+    """Stop every child at once: the workers' final checkpoints and serve's shutdown overlap
+    (``ingest.processes.stop_processes``).
+
+    Parameters
+    ----------
+    children : list of Child
+        Those that already exited are skipped.
+    timeout : float
+        Seconds they get together after SIGTERM before SIGKILL.
+    """
     stop_processes([c.proc for c in children], timeout=timeout)
