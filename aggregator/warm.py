@@ -12,6 +12,7 @@ per process instead of compiling for ≈ 15 s. Where the cache cannot be written
 from __future__ import annotations
 
 import importlib
+import pickle
 import sys
 
 __all__ = ["KERNEL_MODULES", "announce_compile", "uncached_kernels", "warm_all"]
@@ -58,8 +59,8 @@ def uncached_kernels() -> list[str]:
                 continue
             try:
                 cached = bool(index._load_index())  # {} when absent, stale or of another numba
-            except Exception:  # an unreadable index: numba compiles again
-                cached = False
+            except (OSError, EOFError, ValueError, TypeError, AttributeError, pickle.UnpicklingError):
+                cached = False  # an unreadable index: numba compiles again
             if not cached:
                 missing.append(f"{name}.{attr}")
     return sorted(missing)
@@ -83,8 +84,8 @@ def announce_compile(prog: str, file=None) -> bool:
     """
     try:
         missing = uncached_kernels()
-    except Exception:  # numba missing or changed: the start-up itself reports what is wrong
-        return False
+    except (ImportError, AttributeError):  # numba missing or changed: the start-up itself says so
+        return False  # (nothing broader: a signal's exception during start-up must pass)
     if missing:
         print(f"{prog}: compiling the numba kernels (first start only; numba caches them for "
               f"the next) …", file=file or sys.stderr, flush=True)

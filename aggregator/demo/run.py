@@ -372,7 +372,7 @@ def _compile_kernels(log_dir: Path, console) -> Child | None:
 
     try:
         missing = uncached_kernels()
-    except Exception as exc:  # the processes compile what they need themselves
+    except (ImportError, AttributeError) as exc:  # the processes compile what they need themselves
         log.warning("cannot tell whether numba's cache holds the kernels: %s", exc)
         return None
     if not missing:

@@ -42,3 +42,26 @@ def test_an_empty_cache_lists_every_kernel_and_a_compiled_one_drops_out(tmp_path
     assert res["said"] is True
     assert res["line"] == ("ldp-stream serve: compiling the numba kernels (first start only; numba "
                            "caches them for the next) …\n")
+
+
+def test_a_signal_during_the_check_is_not_swallowed(monkeypatch):
+    # ldp-stream work turns SIGTERM during start-up into StoppedDuringStartup, raised wherever the
+    # main thread is; the check (imports, about a second) must let it through, or the worker
+    # carries on starting and is killed 10 s later by the demo's clean-up
+    import pytest
+
+    from aggregator import warm
+    from aggregator.errors import StoppedDuringStartup
+
+    def stopped():
+        raise StoppedDuringStartup(15)
+
+    monkeypatch.setattr(warm, "uncached_kernels", stopped)
+    with pytest.raises(StoppedDuringStartup):
+        warm.announce_compile("ldp-stream work")
+
+    def no_numba():
+        raise ImportError("No module named 'numba'")
+
+    monkeypatch.setattr(warm, "uncached_kernels", no_numba)
+    assert warm.announce_compile("ldp-stream work") is False
