@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from ingest.kafka import KafkaSettings
 
-__all__ = ["BATCH_ID_HEADER", "ReadBack", "TopicReadBack", "batch_id", "partition_of"]
+__all__ = ["BATCH_ID_HEADER", "ReadBack", "TopicConsumer", "TopicReadBack", "batch_id", "partition_of"]
 
 #: Kafka record header carrying the batch id (16 bytes).
 BATCH_ID_HEADER = "ldp-batch-id"
@@ -70,9 +70,10 @@ class ReadBack(Protocol):
         """Release the connection."""
 
 
-class TopicReadBack:
-    """:class:`ReadBack` over one kafka-python consumer without a group, built on first use and
-    kept; reads are serialised (the consumer is not thread-safe).
+class TopicConsumer:
+    """One kafka-python consumer of a topic, without a group, built on first use and kept, with
+    the lock its users serialise their calls with (the consumer is not thread-safe). The base of
+    :class:`TopicReadBack` and of the readiness probe (``readiness.BrokerProbe``).
 
     Parameters
     ----------
@@ -101,6 +102,23 @@ class TopicReadBack:
                 consumer.close()
             except Exception:  # pragma: no cover - best effort on a broken client
                 pass
+
+    def close(self) -> None:
+        """Close the consumer (best effort)."""
+        with self._lock:
+            self._drop()
+
+
+class TopicReadBack(TopicConsumer):
+    """:class:`ReadBack` over one :class:`TopicConsumer`; reads are serialised.
+
+    Parameters
+    ----------
+    settings : KafkaSettings or str
+        Client settings or bootstrap servers.
+    topic : str
+        The reports topic.
+    """
 
     def end_offsets(self) -> dict[int, int]:
         """See :class:`ReadBack`; ``{}`` when the topic's partitions are not known yet."""
@@ -142,8 +160,3 @@ class TopicReadBack:
                 self._drop()
                 raise
         return found
-
-    def close(self) -> None:
-        """Close the consumer."""
-        with self._lock:
-            self._drop()

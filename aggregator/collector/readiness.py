@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from ingest.kafka import KafkaSettings
+from aggregator.collector.readback import TopicConsumer
 
 __all__ = ["BrokerProbe", "Readiness"]
 
@@ -20,9 +20,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-class BrokerProbe:
+class BrokerProbe(TopicConsumer):
     """A round trip to the broker: the end offsets of the reports topic's partitions, asked
-    through one kafka-python consumer without a group, built on first use and kept.
+    through one :class:`~aggregator.collector.readback.TopicConsumer`.
 
     Parameters
     ----------
@@ -35,10 +35,6 @@ class BrokerProbe:
     -----
     Source: docs/collector.md §10. Called on the readiness thread only.
     """
-
-    def __init__(self, settings: KafkaSettings | str, topic: str) -> None:
-        self.settings, self.topic = KafkaSettings.coerce(settings), topic
-        self._consumer = None
 
     def __call__(self, partitions, timeout_s: float) -> None:
         """Ask the broker for the end offsets of ``partitions`` of the topic.
@@ -57,21 +53,9 @@ class BrokerProbe:
         """
         from kafka import TopicPartition
 
-        from ingest.clients import reader_client
-
-        if self._consumer is None:
-            self._consumer = reader_client(self.settings)
         tps = [TopicPartition(self.topic, int(p)) for p in sorted(partitions)]
-        self._consumer.end_offsets(tps, timeout_ms=max(1, int(timeout_s * 1000)))
-
-    def close(self) -> None:
-        """Close the consumer (best effort)."""
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            try:
-                consumer.close()
-            except Exception:  # pragma: no cover - best effort on a broken client
-                pass
+        with self._lock:
+            self._client().end_offsets(tps, timeout_ms=max(1, int(timeout_s * 1000)))
 
 
 class Readiness:
