@@ -226,15 +226,10 @@ def test_readyz_follows_a_frozen_broker_and_the_accepted_counter_the_topic(tmp_p
 
 
 @contextmanager
-def running_collect(tmp_path: Path, bootstrap: str, topic: str, extra: str = "", ca: Path | None = None):
-    """``ldp-stream collect`` in a subprocess: yields ``(proc, url, first stderr line)`` once
-    ``/healthz`` and ``/readyz`` answer 200; SIGTERM at the end must exit it with 0."""
-    (tmp_path / "col.schema.toml").write_text(SCHEMA_TOML)
-    config = tmp_path / "c.pipeline.toml"
-    config.write_text('[pipeline]\nname = "cli"\nschema = "col.schema.toml"\n'
-                      f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
-                      f'[topics]\nreports = "{topic}"\nstate = "{topic}.s"\ndead_letter = "{topic}.d"\n'
-                      '[collector]\nport = 0\ntoken_file = "tokens"\nack_timeout_s = 5.0\n' + extra)
+def collect_process(config: Path, ca: Path | None = None, ready_timeout_s: float = 20.0):
+    """``ldp-stream collect --config CONFIG`` in a subprocess: yields ``(proc, url, first stderr
+    line)`` once ``/healthz`` and ``/readyz`` answer 200; SIGTERM at the end must exit it with 0,
+    having said it stopped, without a traceback."""
     with subprocess.Popen([sys.executable, "-m", "aggregator.cli", "collect", "--config", str(config)],
                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
@@ -243,7 +238,7 @@ def running_collect(tmp_path: Path, bootstrap: str, topic: str, extra: str = "",
             m = re.search(r"(https?://127\.0\.0\.1:\d+)/v1/reports", line)
             assert m, line + proc.stderr.read()
             url = m.group(1)
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + ready_timeout_s
             while get(url + "/healthz", ca) != 200 or get(url + "/readyz", ca) != 200:
                 assert proc.poll() is None, proc.stderr.read()
                 assert time.monotonic() < deadline, "the collector did not become ready"
@@ -257,6 +252,20 @@ def running_collect(tmp_path: Path, bootstrap: str, topic: str, extra: str = "",
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def running_collect(tmp_path: Path, bootstrap: str, topic: str, extra: str = "", ca: Path | None = None):
+    """:func:`collect_process` over a pipeline of :data:`SCHEMA_TOML` and ``topic`` written in
+    ``tmp_path`` (plus ``extra`` config text)."""
+    (tmp_path / "col.schema.toml").write_text(SCHEMA_TOML)
+    config = tmp_path / "c.pipeline.toml"
+    config.write_text('[pipeline]\nname = "cli"\nschema = "col.schema.toml"\n'
+                      f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
+                      f'[topics]\nreports = "{topic}"\nstate = "{topic}.s"\ndead_letter = "{topic}.d"\n'
+                      '[collector]\nport = 0\ntoken_file = "tokens"\nack_timeout_s = 5.0\n' + extra)
+    with collect_process(config, ca) as started:
+        yield started
 
 
 def test_the_cli_starts_prints_its_url_forwards_and_stops_on_sigterm(tmp_path, bootstrap_servers, topic_name):

@@ -21,11 +21,7 @@ with it, the worker never exits, and the collector's accepted counter equals wha
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -44,11 +40,11 @@ from ingest.http_protocol import CONTENT_TYPE
 from ingest.processes import free_port
 from tests.integration import chaos_support as cs
 from tests.integration import pipeline_support as ps
+from tests.integration.test_collector import collect_process
 from tests.integration.test_poison import poison_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
 N_GOOD, PER_RECORD = 1000, 100
 EXTRA_QUERIES = """
 [[queries]]
@@ -88,40 +84,12 @@ def _post(url: str, data: bytes, key: str, token: str) -> tuple[int, dict]:
         conn.close()
 
 
-def _get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
-
-
 @contextmanager
 def _collect(config: Path):
-    """``ldp-stream collect --config`` in a subprocess; yields ``(url, token)`` once ready."""
+    """``ldp-stream collect --config`` (:func:`collect_process`); yields ``(url, token)``."""
     token = mint_token(config.parent / "collector.tokens", "fleet")
-    with subprocess.Popen([sys.executable, "-m", "aggregator.cli", "collect", "--config", str(config)],
-                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
-        try:
-            line = proc.stderr.readline()
-            m = re.search(r"(https?://127\.0\.0\.1:\d+)/v1/reports", line)
-            assert m, line + proc.stderr.read()
-            url = m.group(1)
-            deadline = time.monotonic() + 60
-            while _get(url + "/readyz") != 200:
-                assert proc.poll() is None, proc.stderr.read()
-                assert time.monotonic() < deadline, "the collector did not become ready"
-                time.sleep(0.05)
-            yield url, token
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with collect_process(config, ready_timeout_s=60) as (_, url, _):
+        yield url, token
 
 
 def _rebuilt(schema, good: bytes, change) -> bytes:
