@@ -30,6 +30,21 @@ class DemoError(AggregatorError):
     """The demo could not run (a child process died, the broker did not start, …)."""
 
 
+class ChildExited(DemoError):
+    """A child exited while the demo needed it; the message has its status and log tail.
+
+    ``child`` is an :class:`aggregator.demo.children.Child` (``name``, ``proc``, ``log_path``,
+    ``tail()``), kept as the attribute ``child``.
+    """
+
+    def __init__(self, child) -> None:
+        self.child = child
+        tail = child.tail()
+        super().__init__(f"{child.name} exited with status {child.proc.returncode}; "
+                         + (f"last lines of {child.log_path}:\n{tail}" if tail else
+                            f"its log {child.log_path} is empty"))
+
+
 class CheckpointError(StateError):
     """A state-topic record is not a valid checkpoint (bad magic, version, lengths or header), or
     a checkpoint does not fit the pipeline (another schema fingerprint or query set)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.errors import DemoError
+from aggregator.errors import ChildExited
 from ingest.processes import spawn_process, stop_processes
 
 __all__ = ["Child", "ChildExited", "answers_http", "check_alive", "exited_ok", "spawn", "stop_all",
@@ -67,17 +67,6 @@ class Child:
                 head, sep, rest = line.partition(": ")
                 return rest if sep and head.startswith("ldp-stream ") else line
         return "starting"
-
-
-class ChildExited(DemoError):
-    """A child exited while the demo needed it; the message has its status and log tail."""
-
-    def __init__(self, child: Child) -> None:
-        self.child = child
-        tail = child.tail()
-        super().__init__(f"{child.name} exited with status {child.proc.returncode}; "
-                         + (f"last lines of {child.log_path}:\n{tail}" if tail else
-                            f"its log {child.log_path} is empty"))
 
 
 def spawn(name: str, args: list[str], log_dir: Path, url: str | None = None,
