@@ -3,9 +3,10 @@
 Property checked on every input: ``decode`` either raises a :class:`ingest.errors.DecodeError`
 whose ``reason`` is one of :data:`ingest.codec.DECODE_REASONS` other than ``internal_error``, or
 returns a :class:`ReportBatch` that re-encodes to a record decoding to the same batch (finite
-numerics, codes and bit positions inside their domains, at most one non-sensitive bit per uRAP
-report). Anything else — another exception type,
-``internal_error`` (the decoder's safety net caught a bug), a non-finite value, an index outside
+numerics inside ``ingest.codec.numeric_span``, codes and bit positions inside their domains, at
+most one non-sensitive bit per uRAP report). Anything else — another exception type,
+``internal_error`` (the decoder's safety net caught a bug), a non-finite value or one outside
+its field's span, an index outside
 its domain — is a crash.
 
 Engines
@@ -36,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from ingest import codec  # noqa: E402
 from ingest.batch import ReportBatch  # noqa: E402
-from ingest.codec import DECODE_REASONS, encode  # noqa: E402
+from ingest.codec import DECODE_REASONS, encode, numeric_span  # noqa: E402
 from ingest.errors import DecodeError  # noqa: E402
 from ingest.event_time import MAX_EVENT_TIME  # noqa: E402
 from ingest.schema import TelemetrySchema  # noqa: E402
@@ -151,6 +152,8 @@ def check_one(data: bytes) -> str:
         schema = KNOWN[batch.fingerprint]
         assert batch.numeric.shape == (batch.n, schema.dim)
         assert np.isfinite(batch.numeric).all()
+        lo, hi = numeric_span(schema)
+        assert ((batch.numeric >= lo) & (batch.numeric <= hi)).all()
         for c in schema.categorical:
             col = batch.categorical[c.name]
             if isinstance(col, SparseBits):

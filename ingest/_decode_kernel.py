@@ -9,7 +9,8 @@ on the records' concatenated bytes:
   bits, fingerprint, report count, ``d``, block count, each block's kind, widths, ``k`` and
   length, the TIME block's header of a version-2 record, no trailing bytes) and the number of
   ones of every uRAP column;
-* :func:`fill` — every value check of ``codec._materialize`` (finite numbers, codes < k, sparse
+* :func:`fill` — every value check of ``codec._materialize`` but the numeric span, checked in
+  numpy after it (finite numbers, codes < k, sparse
   lengths ≤ k that add up to the positions, positions < k and strictly increasing within a
   report, bitmap padding bits 0, event times ≤ ``MAX_EVENT_TIME``) while writing the columns of
   one batch.
@@ -341,6 +342,10 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
             _POPCOUNT, _BITPOS, max_positions, tlay, time_res, event_time, nsmask, nsbyte):
         return None
+    if numeric.size:  # numbers no report takes (``codec.check_numeric_span``): named in Python
+        lo, hi = codec.numeric_span(schema)
+        if (numeric < lo).any() or (numeric > hi).any():
+            return None
     columns = []
     for j in range(ncat):
         s = int(slot[j])

@@ -103,6 +103,13 @@ __all__ = [
 DEFAULT_MAX_REPORTS = 1_000_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
+#: How many noise standard deviations (``λ·(high − low)``, docs/mechanisms.md §1.2) a numeric
+#: report may lie outside its field's ``[low, high]``. A ZIL report exceeds ``t`` of them with
+#: probability ``exp(−√2·t)``, which is 0 in float64 at t = 1000; a value beyond is not a report
+#: the privatizer emits (and ``1e308`` would overflow every moment sum), so it is refused as
+#: ``out_of_range``.
+NUMERIC_REPORT_SPAN = 1000.0
+
 _HEADER, _BLOCK, _UINT = HEADER, BLOCK, UINT
 _F8 = np.dtype("<f8")
 _U8 = struct.Struct("<Q")
@@ -422,6 +429,7 @@ def _materialize(parsed: list[_Parsed]) -> ReportBatch:
         bad = np.argwhere(~np.isfinite(numeric))[0]
         raise NonFiniteError(
             f"numeric field {schema.numeric_names[bad[1]]!r}: non-finite value in report {bad[0]}")
+    check_numeric_span(schema, numeric)
     cat: dict[str, np.ndarray | SparseBits] = {}
     for j, f in enumerate(schema.categorical):
         groups: dict[tuple, list[int]] = {}
@@ -479,6 +487,46 @@ def _decode_group(f, j: int, parsed: list[_Parsed]):
         return _decode_sparse(f.name, lens, idx, [p.n for p in parsed], nnz, k)
     raw = _join(payloads, np.uint8).reshape(sum(p.n for p in parsed), (k + 7) // 8)
     return _decode_bitmap(f.name, raw, k)
+
+
+_SPANS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def numeric_span(schema: TelemetrySchema) -> tuple[np.ndarray, np.ndarray]:
+    """The interval a numeric report of ``schema`` can take: ``low − NUMERIC_REPORT_SPAN·σ`` to
+    ``high + NUMERIC_REPORT_SPAN·σ`` per field, with ``σ = λ·(high − low)`` the ZIL noise
+    standard deviation (docs/wire-format.md §4). Two float64 arrays ``(d,)``, cached per
+    fingerprint; empty for a schema without numeric fields."""
+    key = bytes(schema.fingerprint)
+    out = _SPANS.get(key)
+    if out is None:
+        mech = schema.zil_mechanism()
+        if mech is None:
+            out = (np.empty(0), np.empty(0))
+        else:
+            out = (mech.low - NUMERIC_REPORT_SPAN * mech.coord_scale,
+                   mech.high + NUMERIC_REPORT_SPAN * mech.coord_scale)
+        _SPANS[key] = out
+    return out
+
+
+def check_numeric_span(schema: TelemetrySchema, numeric: np.ndarray) -> None:
+    """Refuse numeric reports ``(n, d)`` (finite) outside :func:`numeric_span`.
+
+    Raises
+    ------
+    OutOfRangeError
+        Naming the field, the report and the allowed interval.
+    """
+    if not numeric.size:
+        return
+    lo, hi = numeric_span(schema)
+    outside = (numeric < lo) | (numeric > hi)
+    if outside.any():
+        i, j = np.argwhere(outside)[0]
+        raise OutOfRangeError(
+            f"numeric field {schema.numeric_names[j]!r}: report {i} is {numeric[i, j]:g}, outside "
+            f"[{lo[j]:g}, {hi[j]:g}] (low/high ± {NUMERIC_REPORT_SPAN:g} noise standard deviations)")
 
 
 @functools.lru_cache(maxsize=256)

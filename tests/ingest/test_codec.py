@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ingest import codec
 from ingest.batch import ReportBatch
-from ingest.codec import DECODE_REASONS, decode, encode
+from ingest.codec import DECODE_REASONS, NUMERIC_REPORT_SPAN, decode, encode
 from ingest.errors import DecodeError, SchemaError
 from ingest.event_time import MAX_EVENT_TIME
 from ingest.schema import TelemetrySchema
@@ -46,7 +46,8 @@ def batches(draw):
                          min_size=0 if d else 1, max_size=3))
     n = draw(st.integers(0, 50))
     schema = make_schema(d, cats)
-    floats = st.floats(allow_nan=False, allow_infinity=False, width=64)
+    # any float64 a report of this schema can carry: [low, high] = [0, 1] ± 1000 σ (σ = λ·range = 1)
+    floats = st.floats(min_value=-NUMERIC_REPORT_SPAN, max_value=1 + NUMERIC_REPORT_SPAN, width=64)
     num = np.array(draw(st.lists(floats, min_size=n * d, max_size=n * d)), dtype=np.float64).reshape(n, d)
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
