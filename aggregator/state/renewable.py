@@ -252,22 +252,31 @@ class RenewableState(State):
             if self.fit is None:
                 return
             x1 = x2 = None  # the rest of the buffer, if any, is renewed below
+        fresh = 0 if x1 is None else x1.shape[0]  # reports of this update not probed yet
         if self._kernel is not None:
             self._renew_kernel(x1, x2)
         else:
             if x1 is not None:
                 self._buffer(self._std(x1), self._std(x2) if self._two else None)
             self._renew_python()
+        left = min(fresh, self.buf1.shape[0])  # of them, still buffered (fewer than batch_size)
+        if left and self.query.kind == "custom":
+            self._probe(self.buf1[-left:], self.buf2[-left:] if self._two else None)
 
     def _probe(self, u1: np.ndarray, u2: np.ndarray | None) -> None:
-        """Evaluate the custom loss's gradient on reports entering the warm-up buffer (at the
-        query's ``init``, else zero), so that a loss that refuses an input raises in the update
-        that carries it — the worker then dead-letters that record (docs/reliability.md §9) —
-        and not in the later update whose warm-up fit reads the buffer. One gradient per report
-        of the warm-up; the renewal evaluates every later report anyway."""
+        """Evaluate the custom loss's gradient on reports that enter a buffer unevaluated — the
+        warm-up's (at the query's ``init``, else zero) and, after it, those left over a renewal's
+        last full batch (at the current estimate) — so that a loss that refuses an input raises
+        in the update that carries it: the worker then dead-letters that record
+        (docs/reliability.md §9), not the later one whose fit reads the buffer. At most one
+        extra gradient per report of the warm-up and fewer than ``batch_size`` per update after
+        it; the renewal evaluates the others anyway."""
         if u1.shape[0] == 0:
             return
-        theta = self.engine.theta0 if self.engine.theta0 is not None else np.zeros(self.engine.q)
+        if self.fit is not None:
+            theta = self.fit.theta
+        else:
+            theta = self.engine.theta0 if self.engine.theta0 is not None else np.zeros(self.engine.q)
         for u in (u1,) if u2 is None or u2 is u1 else (u1, u2):
             self.loss.grad(u, theta)
 
