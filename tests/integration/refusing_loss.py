@@ -8,8 +8,10 @@ import numpy as np
 
 from mechanisms.losses import LinearRegressionLoss
 
-#: Largest magnitude the loss accepts (minutes; the privatized flights delays stay far inside).
-LIMIT = 1e9
+#: Largest magnitude the loss accepts (minutes): 333 noise standard deviations of the flights'
+#: delays (σ = 300 min), which a privatized delay exceeds with probability e^(−471); inside the
+#: ±1000 σ the decoder accepts (docs/wire-format.md §4), so such a value reaches the states.
+LIMIT = 1e5
 
 
 class RefusingLinearLoss(LinearRegressionLoss):

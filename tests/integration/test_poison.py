@@ -82,6 +82,7 @@ def poison_corpus(good: bytes, other_schema_record: bytes, rng) -> list[tuple[st
     out.append(("reserved_bits", patch(good, 5, "<B", 1), "malformed"))
     for name, v in (("nan", np.nan), ("inf", np.inf), ("-inf", -np.inf)):
         out.append((f"float_{name}", patch(good, _HDR.size + 8 * 3, "<d", v), "non_finite"))
+    out.append(("float_1e308", patch(good, _HDR.size + 8 * 2, "<d", 1e308), "out_of_range"))  # finite
     code_w = codes_block[2]
     fmt = {1: "<B", 2: "<H", 4: "<I"}
     out.append(("category_index_out_of_range",

@@ -9,9 +9,10 @@ reports each:
   nothing written;
 * records a hostile producer writes straight into the reports topic (the same kinds, a null
   value, 10 MiB records): dead-lettered by the worker with the decoder's reason;
-* records that decode but that a state refuses (a delay of 10¹² minutes, which the pipeline's
-  custom loss refuses): accepted by the collector or written directly, then dead-lettered as
-  ``state_rejected`` after the worker restored the partition from its last checkpoint.
+* records that decode but that a state refuses (a delay of 2·10⁵ minutes, inside what the decoder
+  accepts and beyond what the pipeline's custom loss accepts): accepted by the collector or
+  written directly, then dead-lettered as ``state_rejected`` after the worker restored the
+  partition from its last checkpoint.
 
 Every good report is counted exactly once (the merged state is bit-identical to a clean pass over
 the good records alone), every bad record is dead-lettered exactly once with its reason or refused
@@ -40,6 +41,7 @@ from ingest.http_protocol import CONTENT_TYPE
 from ingest.processes import free_port
 from tests.integration import chaos_support as cs
 from tests.integration import pipeline_support as ps
+from tests.integration.refusing_loss import LIMIT
 from tests.integration.test_collector import collect_process
 from tests.integration.test_poison import poison_corpus
 
@@ -117,7 +119,7 @@ def _huge_delay(schema):
     j = list(schema.numeric_names).index("dep_delay")
 
     def change(batch):
-        batch.numeric[0, j] = 1e12
+        batch.numeric[0, j] = 2 * LIMIT
     return change
 
 
