@@ -358,6 +358,8 @@ class Worker:
                 if tp not in self.consumer.assignment():
                     continue
                 self.owned[tp.partition] = ps
+                if self.folder is not None:
+                    self.folder.refetch.pop(tp.partition, None)
                 self.consumer.seek(tp, ps.next_offset)
                 self.consumer.resume(tp)
                 self.metrics.owned.set(len(self.owned))
@@ -422,6 +424,27 @@ class Worker:
                           ps.published_offset if ps.published_offset is not None else 0, end)
             self.metrics.owned.set(len(self.owned))
         return dropped
+
+    def refetch_gaps(self) -> None:
+        """Seek every owned partition whose last fold met a gap (:attr:`Folder.refetch`) back to
+        the gap's first offset, once (main thread): the fold that noted it is waited for first,
+        so every record folded after this was fetched after the seek."""
+        folder = self.folder
+        if folder is None or all(seeked for _, seeked in folder.refetch.values()):
+            return
+        from kafka import TopicPartition
+
+        self._wait_fold()
+        with self.lock:
+            for p, entry in list(folder.refetch.items()):
+                if entry[1]:
+                    continue
+                tp = TopicPartition(self.reports_topic, p)
+                if p not in self.owned or tp not in self.consumer.assignment():
+                    del folder.refetch[p]  # its next owner restores and seeks
+                    continue
+                self.consumer.seek(tp, entry[0])
+                entry[1] = True
 
     # ------------------------------------------------------------------------------- processing
     def process(self, partition: int, records: list) -> int:
@@ -606,6 +629,7 @@ class Worker:
         try:
             while not self._stop.is_set():
                 self.recover_rejected()
+                self.refetch_gaps()
                 if self.pending:
                     self.restore_pending()
                 try:

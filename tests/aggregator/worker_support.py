@@ -33,6 +33,11 @@ class FakeFuture:
         self.error = error
         self.is_done = done
 
+    def add_errback(self, fn):
+        if self.is_done and self.error is not None:
+            fn(self.error)
+        return self
+
     def get(self, timeout=None):
         assert self.is_done, "get() of an unacknowledged record would block"
         if self.error is not None:
@@ -91,6 +96,9 @@ class FakeConsumer:
 
     def pause(self, *tps):
         self.paused.update(tps)
+
+    def seek(self, tp, offset):
+        self.seeks = [*getattr(self, "seeks", []), (tp.partition, offset)]
 
     def poll(self, timeout_ms=0, max_records=None):
         self.calls += 1
