@@ -53,6 +53,7 @@ from aggregator.plan import PipelineRuntime
 from aggregator.worker.checkpointing import Checkpointer, InFlight, Published
 from aggregator.worker.fold import Folder
 from aggregator.worker.partition import PartitionState
+from aggregator.worker.recovery import Recovery
 from aggregator.worker.threads import OverlapThreads
 from ingest.kafka import CLOSE_TIMEOUT_S, close_without_leaving
 
@@ -114,7 +115,7 @@ class _Listener(_listener_base()):
         self.worker.on_lost(lost)
 
 
-class Worker:
+class Worker(Recovery):
     """Exactly-once consumer-group worker over one reports topic (docs/reliability.md §1).
 
     Parameters
@@ -387,64 +388,6 @@ class Worker:
                           "edited, this is expected: docs/deploy.md, \"Changing the queries\")",
                           key, self.reader.offsets.get(key), exc, partition)
         return PartitionState(partition, 0, self.runtime.new_states(), 0, 0)  # dirty: none published
-
-    def recover_rejected(self) -> int:
-        """Replace every owned partition whose update was rejected (a state raised on its
-        data, :attr:`PartitionState.rejected`): wait for the fold and update threads and the
-        checkpoint on its way, drop the partition, pause it and restore it from its last
-        durable checkpoint at the next :meth:`restore_pending`; its records up to the rejected
-        batch's end are then folded one at a time and the one a state refuses is dead-lettered
-        (:meth:`Folder.fold_carefully`, docs/reliability.md §9). Main thread; returns the
-        number of partitions dropped."""
-        if not any(ps.rejected is not None for ps in list(self.owned.values())):
-            return 0
-        from kafka import TopicPartition
-
-        self._wait_fold()
-        with self.lock:
-            self.threads.drain()
-        self._check_checkpoint(block=True)  # its offsets are committed before the restore reads it
-        dropped = 0
-        with self.lock:
-            for p, ps in list(self.owned.items()):
-                if ps.rejected is None:
-                    continue
-                end, error = ps.rejected
-                del self.owned[p]
-                self.folder.careful[p] = max(end, self.folder.careful.get(p, 0))
-                tp = TopicPartition(self.reports_topic, p)
-                if tp in self.consumer.assignment():
-                    self.consumer.pause(tp)
-                    self.pending.add(tp)
-                self.metrics.rejected_updates.labels(partition=str(p)).inc()
-                dropped += 1
-                log.error("partition %d: a state refused an update (%s); restoring it from its last "
-                          "checkpoint (offset %s) and folding its records up to offset %d one at a "
-                          "time, the refused record goes to the dead-letter topic", p, error,
-                          ps.published_offset if ps.published_offset is not None else 0, end)
-            self.metrics.owned.set(len(self.owned))
-        return dropped
-
-    def refetch_gaps(self) -> None:
-        """Seek every owned partition whose last fold met a gap (:attr:`Folder.refetch`) back to
-        the gap's first offset, once (main thread): the fold that noted it is waited for first,
-        so every record folded after this was fetched after the seek."""
-        folder = self.folder
-        if folder is None or all(seeked for _, seeked in folder.refetch.values()):
-            return
-        from kafka import TopicPartition
-
-        self._wait_fold()
-        with self.lock:
-            for p, entry in list(folder.refetch.items()):
-                if entry[1]:
-                    continue
-                tp = TopicPartition(self.reports_topic, p)
-                if p not in self.owned or tp not in self.consumer.assignment():
-                    del folder.refetch[p]  # its next owner restores and seeks
-                    continue
-                self.consumer.seek(tp, entry[0])
-                entry[1] = True
 
     # ------------------------------------------------------------------------------- processing
     def process(self, partition: int, records: list) -> int:

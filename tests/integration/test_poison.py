@@ -239,6 +239,7 @@ def test_oversized_record_dead_letter_is_truncated_not_fatal(tmp_path):
     from types import SimpleNamespace
 
     from aggregator.worker import KafkaClients, Worker
+    from tests.aggregator.worker_support import FakeFuture
 
     cfg_runtime = PipelineRuntime.from_config(PipelineConfig.load(ps.write_config(
         tmp_path, "127.0.0.1:9", lambda prefix="t": f"{prefix}-unit")))
@@ -249,6 +250,7 @@ def test_oversized_record_dead_letter_is_truncated_not_fatal(tmp_path):
             if len(value) > 1000 + 65536:
                 raise AssertionError("would raise MessageSizeTooLargeError")
             sent.append((topic, value, dict(headers)))
+            return FakeFuture()
 
     w = Worker(cfg_runtime, lambda: KafkaClients(consumer=SimpleNamespace(), producer=Producer()),
                reports_topic="r", state_topic="s", dead_letter_topic="d", group_id="g",
