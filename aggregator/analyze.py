@@ -2,7 +2,7 @@
 
 Reports are already private, so the reports topic can be replayed and re-analysed any number of
 times, with any loss, at no further privacy cost. :func:`replay` reads the reports topic from the
-beginning up to its end (:func:`ingest.clients.read_to_end`), decodes every record and draws
+beginning up to its end (:func:`ingest.kafka.clients.read_to_end`), decodes every record and draws
 ``X̃₂`` with the same per-record seed as the worker
 (:func:`aggregator.state.doubling_draws`), so batch and streaming see identical ``(X̃₁, X̃₂)``.
 :func:`analyze_query` and :func:`analyze_loss` then run the exact batch fits of
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aggregator.errors import AggregatorError, ConfigError, LdpStreamError
-from ingest.batch import ReportBatch, concat_batches
-from ingest.clients import read_to_end, reader_client
+from ingest.client.batch import ReportBatch, concat_batches
 from ingest.errors import DecodeError
-from ingest.kafka import KafkaSettings
+from ingest.kafka.clients import read_to_end, reader_client
+from ingest.kafka.settings import KafkaSettings
 
 __all__ = ["Replay", "analyze_loss", "analyze_query", "analyze_windows", "replay", "replay_records"]
 
@@ -89,7 +89,7 @@ def replay_records(runtime, values: Sequence[bytes | None], timestamps: Sequence
     -------
     Replay
     """
-    from ingest.batch import with_event_time
+    from ingest.client.batch import with_event_time
 
     batches, x2s, skipped = [], [], {}
     stamps = [0] * len(values) if timestamps is None else timestamps
@@ -124,7 +124,7 @@ def replay(runtime, settings: KafkaSettings, topic: str, timeout_s: float = 120.
     Parameters
     ----------
     runtime : aggregator.plan.PipelineRuntime
-    settings : ingest.kafka.KafkaSettings
+    settings : ingest.kafka.settings.KafkaSettings
         Connection settings (``bootstrap_servers``, security) of the reading consumer.
     topic : str
         The reports topic.
@@ -200,7 +200,7 @@ def analyze_windows(rep: Replay, runtime, query, window=None) -> dict:
     """
     from aggregator.state.windowed import window_starts
     from aggregator.windows import window_meta
-    from ingest.event_time import floor_to, iso_utc
+    from ingest.client.event_time import floor_to, iso_utc
 
     spec = window if window is not None else query.window
     if spec is None:

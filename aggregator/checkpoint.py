@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aggregator.errors import CheckpointError, StateError
-from ingest.clients import read_to_end, reader_client
-from ingest.kafka import CLOSE_TIMEOUT_S, KafkaSettings
+from ingest.kafka.clients import read_to_end, reader_client
+from ingest.kafka.settings import CLOSE_TIMEOUT_S, KafkaSettings
 
 __all__ = [
     "CHECKPOINT_MAGIC",
@@ -268,7 +268,7 @@ class StateTopicReader:
     A consumer without a group is assigned every partition of the topic and reads from the
     beginning; :meth:`catch_up` polls until each partition's position reaches its end. The end is
     the larger of ``end_offsets()`` taken at the start of the call and the high watermark carried
-    by fetch responses (``consumer.highwater``; :func:`ingest.clients.read_to_end`) — Tansu's
+    by fetch responses (``consumer.highwater``; :func:`ingest.kafka.clients.read_to_end`) — Tansu's
     ``end_offsets`` can be too small (docs/kafka.md §2.2), the fetch high watermark is right;
     tolerating both works on either broker.
 
@@ -322,7 +322,7 @@ class StateTopicReader:
     def connect(cls, settings: KafkaSettings, topic: str, pipeline: str | None = None,
                 panes: bool = False) -> StateTopicReader:
         """A reader of ``topic`` over a new consumer without a group
-        (:func:`ingest.clients.reader_client`: the TLS/SASL settings of ``settings``)."""
+        (:func:`ingest.kafka.clients.reader_client`: the TLS/SASL settings of ``settings``)."""
         return cls(reader_client(settings), topic, pipeline, panes)
 
     def _assign(self, timeout_s: float) -> None:

@@ -65,11 +65,12 @@ from aggregator.queries import (
     parse_query,
     query_fields,
 )
-from ingest._files import read_toml_file
-from ingest._model import StrictModel as _Frozen  # strict, as the queries
-from ingest.kafka import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX, KafkaSettings
+from ingest.files import read_toml_file
+from ingest.kafka.allocator import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD_MAX
+from ingest.kafka.settings import KafkaSettings
+from ingest.model import StrictModel as _Frozen  # strict, as the queries
 
-#: ``[worker] malloc_trim_threshold_mib`` bounds: what ``ingest.kafka.keep_freed_memory`` accepts.
+#: ``[worker] malloc_trim_threshold_mib`` bounds: what ``ingest.kafka.allocator.keep_freed_memory`` accepts.
 _TRIM_MIB = (MMAP_THRESHOLD_MAX >> 20, TRIM_THRESHOLD_MAX >> 20)
 
 __all__ = [
@@ -128,7 +129,7 @@ class TopicsSection(_Frozen):
     @field_validator("reports", "state", "dead_letter")
     @classmethod
     def _check_name(cls, v: str) -> str:
-        from ingest.kafka import check_topic_name
+        from ingest.kafka.topics import check_topic_name
 
         return check_topic_name(v, "a topic name")
 
@@ -145,7 +146,7 @@ class WorkerSection(_Frozen):
     taken when either is reached), metrics port (0 = no metrics server), the largest record
     accepted, in bytes (1 KiB … 1 GiB), ``malloc_trim_threshold_mib``: free memory glibc keeps
     for reuse per heap, MiB (0 = glibc's defaults, else 32 … 2047; see
-    :func:`ingest.kafka.keep_freed_memory`), and ``max_event_time_skew_s``: with windowed
+    :func:`ingest.kafka.allocator.keep_freed_memory`), and ``max_event_time_skew_s``: with windowed
     queries, a record holding an event time more than this many seconds (0 … 1 year, default
     3600) ahead of its Kafka timestamp is dead-lettered (``event_time_skew``, docs/windows.md §3)."""
 
@@ -194,7 +195,7 @@ class PipelineConfig(_Frozen):
     Attributes
     ----------
     pipeline : PipelineSection
-    kafka : ingest.kafka.KafkaSettings
+    kafka : ingest.kafka.settings.KafkaSettings
         Client settings (``bootstrap_servers``, ``security_protocol``, ``sasl_*``, ``ssl_*``);
         ``bootstrap_servers`` defaults to :data:`DEFAULT_BOOTSTRAP` (127.0.0.1:9092).
     topics, worker, serve : sections
@@ -341,7 +342,7 @@ class PipelineConfig(_Frozen):
 
     @property
     def telemetry_schema(self):
-        """The loaded :class:`ingest.schema.TelemetrySchema` (loaded on first access)."""
+        """The loaded :class:`ingest.client.schema.TelemetrySchema` (loaded on first access)."""
         if self._schema is None:
             self._schema = self.load_schema()
         return self._schema
@@ -370,7 +371,7 @@ class PipelineConfig(_Frozen):
         ConfigError
             If the file is missing or is not a valid schema (``pipeline.schema: …``).
         """
-        from ingest.schema import TelemetrySchema
+        from ingest.client.schema import TelemetrySchema
 
         path = self.pipeline.schema_path
         if not path.exists():
@@ -417,7 +418,7 @@ class PipelineConfig(_Frozen):
 
 
 def kafka_settings(raw: Any, *, base: KafkaSettings | None = None) -> KafkaSettings:
-    """Build :class:`ingest.kafka.KafkaSettings` from a ``[kafka]`` table (the pipeline config's,
+    """Build :class:`ingest.kafka.settings.KafkaSettings` from a ``[kafka]`` table (the pipeline config's,
     or ``ldp-stream produce --kafka-config FILE``'s), its scalar values checked strictly
     (:func:`check_kafka_types`).
 
@@ -452,7 +453,7 @@ def kafka_settings(raw: Any, *, base: KafkaSettings | None = None) -> KafkaSetti
 def check_kafka_types(raw: dict) -> None:
     """Validate the scalar keys of ``[kafka]`` strictly, as the other sections are.
 
-    ``KafkaSettings`` (``ingest.kafka``) validates in pydantic's lax mode, which turns
+    ``KafkaSettings`` (``ingest.kafka.settings``) validates in pydantic's lax mode, which turns
     ``request_timeout_ms = "30000"`` into 30000 and ``ssl_check_hostname = "no"`` into False. Its
     scalar fields (strings, integers, booleans, choices, secrets) are checked here without
     coercion; ``bootstrap_servers`` (a string or an array) and ``extra`` (any kafka-python option)
@@ -515,7 +516,7 @@ def validate_queries(queries, schema) -> None:
     Parameters
     ----------
     queries : iterable of Query
-    schema : ingest.schema.TelemetrySchema
+    schema : ingest.client.schema.TelemetrySchema
 
     Returns
     -------

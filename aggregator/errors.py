@@ -59,20 +59,15 @@ class CollectorError(AggregatorError):
     """Root of the HTTP collector's errors (``ldp-stream collect``, docs/collector.md)."""
 
 
-class TokenFileError(CollectorError, ValueError):
-    """The collector's token file is missing, unreadable, readable by group or others, or has a
-    malformed line; the message names the file and the line (docs/collector.md §5)."""
-
-
 class RequestRefused(CollectorError):
     """A collector request is answered with an error: ``code`` (a key of
-    ``ingest.http_protocol.ERROR_CODES`` or a decoder reason), HTTP ``status``, the ``reason``
+    ``ingest.device.http_protocol.ERROR_CODES`` or a decoder reason), HTTP ``status``, the ``reason``
     sent to the client and, for 429/503, ``retry_after`` whole seconds (docs/collector.md §2)."""
 
     def __init__(self, code: str, reason: str, *, status: int | None = None,
                  retry_after: int | None = None) -> None:
         super().__init__(f"{code}: {reason}")
-        from ingest.http_protocol import ERROR_CODES
+        from ingest.device.http_protocol import ERROR_CODES
 
         self.code = code
         self.reason = reason

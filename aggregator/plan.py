@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aggregator.errors import ConfigError
-from ingest.batch import ReportBatch, concat_batches, slice_batch
+from ingest.client.batch import ReportBatch, concat_batches, slice_batch
 from ingest.errors import DecodeError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class PipelineRuntime:
     schema : TelemetrySchema or None
         The schema (for ``privacy_summary`` and analyze's columns).
     decode_many : callable list[bytes] → (ReportBatch or None, list[int or DecodeError]) or None
-        Batched decoder (``ingest.codec.decode_many``); None: ``decode`` record by record.
+        Batched decoder (``ingest.client.codec.decode_many``); None: ``decode`` record by record.
     double_many : callable (ReportBatch, list[bytes], list[int]) → ndarray (n, d) or None
         ``X̃₂`` of a batch made of several records (their bytes and report counts), equal to
         ``double`` applied record by record; None: ``double`` on slices.
@@ -128,7 +128,7 @@ class PipelineRuntime:
     def from_config(cls, config: PipelineConfig) -> PipelineRuntime:
         """Build the plan of a :class:`aggregator.config.PipelineConfig`.
 
-        Uses ``ingest.codec.decode`` with the pipeline's schema as the only known schema,
+        Uses ``ingest.client.codec.decode`` with the pipeline's schema as the only known schema,
         ``aggregator.state.build_state`` and ``state_from_bytes`` with each custom query's
         resolved loss (so neither imports user code), and ``aggregator.state.Doubler``'s
         doubling of the schema.
@@ -140,7 +140,7 @@ class PipelineRuntime:
         """
         from aggregator import state as state_mod
         from aggregator.state.registry import state_class
-        from ingest import _decode_kernel, codec
+        from ingest.client import codec, decode_kernel
 
         schema = config.telemetry_schema
         queries = {q.name: q for q in config.queries}
@@ -159,7 +159,7 @@ class PipelineRuntime:
                                               loss=losses.get(name))
 
         new_states()  # build once so configuration errors surface here
-        _decode_kernel.warm()  # compile or load decode_many's compiled pass now, not on the first poll
+        decode_kernel.warm()  # compile or load decode_many's compiled pass now, not on the first poll
 
         return cls(
             name=config.pipeline.name,

@@ -4,7 +4,7 @@ A query is a frozen pydantic model, discriminated on ``kind``; :data:`Query` is 
 :func:`parse_query` builds one from a plain mapping (a ``[[queries]]`` TOML table). Every query has
 a unique ``name`` (the key of its state in checkpoints, the HTTP API and the ``query`` label of the
 Prometheus gauges) and a confidence ``level`` for its intervals. Field names refer to the
-pipeline's :class:`ingest.schema.TelemetrySchema`; they are checked against it by
+pipeline's :class:`ingest.client.schema.TelemetrySchema`; they are checked against it by
 :meth:`aggregator.config.PipelineConfig.load` (and by :func:`aggregator.state.build_state`).
 
 Kinds and their estimators (docs/mechanisms.md §3–§6, docs/frequency.md §4):
@@ -44,7 +44,7 @@ from pydantic import (
 )
 
 from aggregator.errors import ConfigError
-from ingest._model import StrictModel
+from ingest.model import StrictModel
 
 __all__ = [
     "SGD_REMOVED",
@@ -192,7 +192,7 @@ class WindowSpec(StrictModel):
     @field_validator("size", "hop", "grace", "retention")
     @classmethod
     def _check_duration(cls, v: str | None, info) -> str | None:
-        from ingest.event_time import parse_duration
+        from ingest.client.event_time import parse_duration
 
         if v is not None:
             parse_duration(v, "", allow_zero=info.field_name == "grace")
@@ -213,28 +213,28 @@ class WindowSpec(StrictModel):
     @property
     def size_s(self) -> int:
         """Window length, seconds."""
-        from ingest.event_time import parse_duration
+        from ingest.client.event_time import parse_duration
 
         return parse_duration(self.size)
 
     @property
     def hop_s(self) -> int:
         """Pane length = step between window starts, seconds."""
-        from ingest.event_time import parse_duration
+        from ingest.client.event_time import parse_duration
 
         return parse_duration(self.hop) if self.hop is not None else self.size_s
 
     @property
     def grace_s(self) -> int:
         """Grace period, seconds."""
-        from ingest.event_time import parse_duration
+        from ingest.client.event_time import parse_duration
 
         return parse_duration(self.grace, allow_zero=True)
 
     @property
     def retention_s(self) -> int:
         """Retention of closed panes, seconds (default: 1000 hops, at least ``size``)."""
-        from ingest.event_time import parse_duration
+        from ingest.client.event_time import parse_duration
 
         if self.retention is None:
             return max(self.size_s, DEFAULT_RETAINED_HOPS * self.hop_s)

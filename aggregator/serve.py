@@ -638,7 +638,7 @@ def _window_params(params: Mapping) -> tuple[int | None, int | None, int | None]
     """``(from, to, limit)`` of ``GET /windows/{query}``; raises ValueError naming the parameter."""
     import re
 
-    from ingest.event_time import parse_iso_utc
+    from ingest.client.event_time import parse_iso_utc
 
     def when(key: str) -> int | None:
         v = params.get(key)
@@ -672,7 +672,7 @@ def check_bindable(host: str, port: int) -> None:
     import errno
     import os
 
-    from ingest.processes import port_is_free
+    from ingest.local.processes import port_is_free
 
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"port must be an integer in [0, 65535], got {port!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ingest.kafka import ensure_topic
+from ingest.kafka.topics import ensure_topic
 
 if TYPE_CHECKING:
     from aggregator.config import PipelineConfig
@@ -21,7 +21,7 @@ STATE_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(16 *
 
 def ensure_topics(config: PipelineConfig) -> None:
     """Create the pipeline's reports (``topics.partitions``), state and dead-letter topics if
-    missing (:func:`ingest.kafka.ensure_topic`, with the ``[kafka]`` settings). The state topic is
+    missing (:func:`ingest.kafka.topics.ensure_topic`, with the ``[kafka]`` settings). The state topic is
     created with :data:`STATE_TOPIC_CONFIG` where the broker allows: ``cleanup.policy=compact`` (one
     checkpoint per key is all a reader needs) and ``max.message.bytes`` of 16 MiB (a checkpoint holds
     the regressions' warm-up reports, up to a few MiB; Kafka's default limit is 1 MB).

@@ -1,11 +1,11 @@
 """Compile every numba kernel of the worker into numba's on-disk cache: ``python -m aggregator.warm``.
 
 Run once at install (``make``'s setup step, the Docker image build; ``ldp-stream demo`` runs it
-itself when the cache is empty): the bulk decoder (``ingest._decode_kernel``), the closed-form
+itself when the cache is empty): the bulk decoder (``ingest.client.decode_kernel``), the closed-form
 state loops (``aggregator.state._kernels``) and the renewal loops
 (``aggregator.state._renewable_kernel``, ``aggregator.state._kmeans_kernel``) then load in ≈ 1–3 s
 per process instead of compiling for ≈ 15 s. Where the cache cannot be written see
-``ingest._numba``. :func:`uncached_kernels` tells whether this has been done;
+``ingest.jit``. :func:`uncached_kernels` tells whether this has been done;
 :func:`announce_compile` is the line ``work`` and ``serve`` print before a start that compiles.
 """
 
@@ -18,16 +18,17 @@ import sys
 __all__ = ["KERNEL_MODULES", "announce_compile", "uncached_kernels", "warm_all"]
 
 #: The modules whose numba kernels :func:`warm_all` compiles (directly or through their callers).
-KERNEL_MODULES = ("ingest._decode_kernel", "aggregator.state._kernels", "aggregator.state._index_kernel",
-                  "aggregator.state._renewable_kernel", "aggregator.state._kmeans_kernel")
+KERNEL_MODULES = ("ingest.client.decode_kernel", "aggregator.state._kernels",
+                  "aggregator.state._index_kernel", "aggregator.state._renewable_kernel",
+                  "aggregator.state._kmeans_kernel")
 
 
 def warm_all() -> None:
     """Compile (or load) all the worker's kernels in this process."""
     from aggregator.state import _kernels, _kmeans_kernel, _renewable_kernel
-    from ingest import _decode_kernel
+    from ingest.client import decode_kernel
 
-    _decode_kernel.warm()
+    decode_kernel.warm()
     _kernels.warm()
     _renewable_kernel.warm()
     _kmeans_kernel.warm()
@@ -38,7 +39,7 @@ def uncached_kernels() -> list[str]:
     for (none compiled yet, or compiled from another version of their source file).
 
     Imports the modules (numba included) but compiles and loads nothing. Kernels that numba
-    cannot cache here (no writable cache directory, ``ingest._numba``) are not listed: every
+    cannot cache here (no writable cache directory, ``ingest.jit``) are not listed: every
     process compiles them, and compiling them once beforehand would not help.
 
     Returns

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aggregator.errors import AggregatorError
-from ingest.event_time import iso_utc
+from ingest.client.event_time import iso_utc
 
 __all__ = ["PartitionClock", "WindowView", "final_horizon", "latest_final", "merge_panes", "window_meta",
            "window_rows"]

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from benchmarks._common import ROOT
-from ingest.processes import spawn_process, stop_process
+from ingest.local.processes import spawn_process, stop_process
 
 EXAMPLE = ROOT / "examples" / "flights.pipeline.toml"
 SCHEMA = ROOT / "examples" / "flights.schema.toml"
@@ -89,13 +89,13 @@ def encoded_records(pool, per_record: int, k: int) -> list[bytes]:
     A pool with event times keeps them increasing over the records: each time the records wrap
     around the pool, its event times are shifted by the pool's span (rounded up to the schema's
     resolution), so windows close as they would in a longer stream."""
-    from ingest.batch import with_event_time
-    from ingest.codec import encode
-    from ingest.producer import slice_batch
+    from ingest.client.batch import with_event_time
+    from ingest.client.codec import encode
+    from ingest.kafka.producer import slice_batch
 
     res = span = None
     if pool.event_time is not None:
-        from ingest.schema import TelemetrySchema
+        from ingest.client.schema import TelemetrySchema
 
         res = TelemetrySchema.load(SCHEMA).time_resolution_s
         span = (int(pool.event_time.max()) - int(pool.event_time.min())) // res * res + res
@@ -128,8 +128,8 @@ def raw_produce(
 ) -> tuple[float, float]:
     """Send ``n_records`` records (cycling ``values``) round-robin over partitions; returns (t0, t1)
     wall-clock times (``time.time()``) of the first send and of the final flush."""
-    from ingest.clients import producer_client
-    from ingest.kafka import KafkaSettings
+    from ingest.kafka.clients import producer_client
+    from ingest.kafka.settings import KafkaSettings
 
     prod = producer_client(KafkaSettings(bootstrap_servers=bootstrap), linger_ms=5,
                            max_request_size=16 << 20, batch_size=1 << 20)

@@ -213,10 +213,11 @@ def raw_consumer_process(ns) -> int:
     from kafka import TopicPartition
 
     from aggregator.worker import DEFAULT_MAX_POLL_RECORDS
-    from ingest.clients import consumer_client
-    from ingest.kafka import KafkaSettings, keep_freed_memory
+    from ingest.kafka.allocator import keep_freed_memory
+    from ingest.kafka.clients import consumer_client
 
     # the worker's allocator settings ([worker] malloc_trim_threshold_mib), or glibc's defaults
+    from ingest.kafka.settings import KafkaSettings
     keep_freed_memory(ns.malloc_trim_mib << 20)
     c = consumer_client(
         KafkaSettings(bootstrap_servers=ns.bootstrap),

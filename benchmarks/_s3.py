@@ -16,7 +16,7 @@ Usage::
 Measured with Tansu 0.6.0 and moto 5.2.5 on 127.0.0.1: records acknowledged before a SIGKILL are
 all served exactly once after a restart. A batch in flight at the kill can be lost by
 kafka-python's default idempotent producer (Tansu answers its retry with
-DUPLICATE_SEQUENCE_NUMBER without having stored it); see :class:`ingest.broker.EmbeddedBroker`.
+DUPLICATE_SEQUENCE_NUMBER without having stored it); see :class:`ingest.local.broker.EmbeddedBroker`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ingest.processes import free_port, set_parent_death_signal, stop_process
+from ingest.local.processes import free_port, set_parent_death_signal, stop_process
 
 ENV_VAR = "LDP_MOTO_SERVER"
 _HOST = "127.0.0.1"

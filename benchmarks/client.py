@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.client [--reports 200000] [--batch-size 1000] [--quick]`` — prints a
 table and writes ``benchmarks/results/client.json``. One process, one core, no Kafka.
 
-Cases (each through the real client path ``Privatizer.privatize_batch`` → ``ingest.codec.encode``
+Cases (each through the real client path ``Privatizer.privatize_batch`` → ``ingest.client.codec.encode``
 on batches of ``--batch-size`` events given as columns):
 
 * ZIL with d = 1, 4, 16 numeric fields (values already in the box);
@@ -26,9 +26,9 @@ import time
 import numpy as np
 
 from benchmarks._common import ROOT, machine_info, table, write_json
-from ingest.codec import decode, encode
-from ingest.privatizer import Privatizer
-from ingest.schema import TelemetrySchema
+from ingest.client.codec import decode, encode
+from ingest.client.privatizer import Privatizer
+from ingest.client.schema import TelemetrySchema
 from mechanisms.uldp import URAP, URR
 
 TARGETS = {

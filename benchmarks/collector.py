@@ -9,7 +9,7 @@ Loopback only, bounded in count and time. Three sections, one run:
   only after the broker acknowledged the record).
 * **producer**: ``ReportProducer`` and a raw kafka-python send loop at 1, 100 and 1000 reports per
   record, alternating passes (best of each and the median of the paired ratios), in the same run.
-* **kill**: device senders (``ingest.sender.CollectorSender``, each with its own file outbox)
+* **kill**: device senders (``ingest.device.sender.CollectorSender``, each with its own file outbox)
   stream batches while the broker is SIGKILLed and restarted; every batch is retried until
   accepted, and the reports topic must hold every body exactly once (count and SHA-256 of each
   record), and the collector's read-backs of unconfirmed batches are counted. Needs a broker whose
@@ -119,7 +119,7 @@ def _get(url: str) -> int:
 # ---------------------------------------------------------------------- throughput
 def _post_loop(url: str, token: str, bodies: list[bytes], out: dict, stop_at: float) -> None:
     """POST ``bodies`` in order over one keep-alive connection; record latencies and statuses."""
-    from ingest.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH
+    from ingest.device.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH
 
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -142,8 +142,8 @@ def _post_loop(url: str, token: str, bodies: list[bytes], out: dict, stop_at: fl
 def section_throughput(tmp: Path, bootstrap: str, pool, senders: list[int], per_sender: dict[int, int],
                        max_s: float) -> list[dict]:
     from aggregator.collector.tokens import mint_token
-    from ingest.encode import encode_records
-    from ingest.kafka import ensure_topic
+    from ingest.client.encode import encode_records
+    from ingest.kafka.topics import ensure_topic
 
     rows = []
     res = _schema().time_resolution_s
@@ -213,11 +213,11 @@ def section_kill(tmp: Path, broker, pool, *, devices: int, batches: int, rpb: in
     """Devices stream through the collector; the broker is SIGKILLed once ``kill_after`` of the
     batches are accepted and restarted ``down_s`` later; then every body must be in the topic once."""
     from aggregator.collector.tokens import mint_token
-    from ingest.batch import slice_batch
-    from ingest.clients import topic_values
-    from ingest.encode import encode_records
-    from ingest.kafka import ensure_topic
-    from ingest.sender import CollectorSender
+    from ingest.client.batch import slice_batch
+    from ingest.client.encode import encode_records
+    from ingest.device.sender import CollectorSender
+    from ingest.kafka.clients import topic_values
+    from ingest.kafka.topics import ensure_topic
 
     schema = _schema()
     topic = f"bench-kill-{time.monotonic_ns()}"
@@ -290,7 +290,7 @@ def _readbacks(url: str) -> dict[str, int]:
 
 def _feed(sender, part, rpb: int) -> None:
     """Hand a device's reports to its sender a batch at a time, as a device would."""
-    from ingest.batch import slice_batch
+    from ingest.client.batch import slice_batch
 
     for j in range(0, part.n, rpb):
         sender.send(slice_batch(part, j, j + rpb))
@@ -298,13 +298,13 @@ def _feed(sender, part, rpb: int) -> None:
 
 
 def _count_reports(values: list[bytes], schema) -> int:
-    from ingest.codec import decode
+    from ingest.client.codec import decode
 
     return sum(decode(v, {schema.fingerprint: schema}).n for v in values)
 
 
 def _schema():
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
 
     return TelemetrySchema.load(SCHEMA_PATH)
 
@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     import tempfile
 
     from benchmarks.produce import report_pool
-    from ingest.broker import EmbeddedBroker
+    from ingest.local.broker import EmbeddedBroker
 
     senders = [int(s) for s in args.senders.split(",")]
     schema = _schema()

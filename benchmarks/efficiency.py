@@ -175,7 +175,7 @@ def one_rep(schema, mech, problems, n: int, seed, qs: dict | None = None) -> dic
 
     Parameters
     ----------
-    schema : ingest.schema.TelemetrySchema
+    schema : ingest.client.schema.TelemetrySchema
     mech : mechanisms.zil.ZILMechanism
         The schema's mechanism.
     problems : dict
@@ -196,7 +196,7 @@ def one_rep(schema, mech, problems, n: int, seed, qs: dict | None = None) -> dic
         (warm-up fits that missed their convergence check), batch ``converged``.
     """
     from aggregator.state import build_state
-    from ingest.batch import ReportBatch
+    from ingest.client.batch import ReportBatch
 
     qs = QUERIES if qs is None else qs
     rng = np.random.default_rng(seed)
@@ -362,7 +362,7 @@ def main(argv=None) -> int:
     ap.add_argument("--raw", type=pathlib.Path, default=None, help="write per-replication values here")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
 
     log = logging.getLogger("aggregator.state.renewable")
     log.addHandler(_WARM_UP_LOG)

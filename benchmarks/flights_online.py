@@ -46,8 +46,8 @@ def records_of_flights(schema, limit: int | None, seed: int) -> tuple[list[bytes
     """The demo's privatized flights (``aggregator.demo.run._prepare``, seeded) as encoded records
     of :data:`RECORD` reports, and the raw values of the flights kept."""
     from aggregator.demo.run import _prepare
-    from ingest.batch import slice_batch
-    from ingest.codec import encode
+    from ingest.client.batch import slice_batch
+    from ingest.client.codec import encode
 
     prepared = _prepare(schema, limit, rng=seed)
     records = [encode(slice_batch(b, s, min(s + RECORD, b.n)), time_resolution=schema.time_resolution_s)

@@ -1,9 +1,9 @@
-"""Coverage-guided fuzzing of the wire decoder (``ingest.codec.decode``; docs/reliability.md §5).
+"""Coverage-guided fuzzing of the wire decoder (``ingest.client.codec.decode``; docs/reliability.md §5).
 
 Property checked on every input: ``decode`` either raises a :class:`ingest.errors.DecodeError`
-whose ``reason`` is one of :data:`ingest.codec.DECODE_REASONS` other than ``internal_error``, or
+whose ``reason`` is one of :data:`ingest.client.codec.DECODE_REASONS` other than ``internal_error``, or
 returns a :class:`ReportBatch` that re-encodes to a record decoding to the same batch (finite
-numerics inside ``ingest.codec.numeric_span``, codes and bit positions inside their domains, at
+numerics inside ``ingest.client.bounds.numeric_span``, codes and bit positions inside their domains, at
 most one non-sensitive bit per uRAP report). Anything else — another exception type,
 ``internal_error`` (the decoder's safety net caught a bug), a non-finite value or one outside
 its field's span, an index outside
@@ -18,7 +18,7 @@ Engines
 * otherwise a ``hypothesis`` loop (mutations of the seed records plus random bytes) for
   ``--seconds`` seconds.
 
-CI runs this file for a few seconds through ``tests/ingest/test_fuzz_codec.py``.
+CI runs this file for a few seconds through ``tests/ingest/client/test_fuzz_codec.py``.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from ingest import codec  # noqa: E402
-from ingest.batch import ReportBatch  # noqa: E402
-from ingest.codec import DECODE_REASONS, encode, numeric_span  # noqa: E402
+from ingest.client import codec  # noqa: E402
+from ingest.client.batch import ReportBatch  # noqa: E402
+from ingest.client.bounds import numeric_span  # noqa: E402
+from ingest.client.codec import DECODE_REASONS, encode  # noqa: E402
+from ingest.client.event_time import MAX_EVENT_TIME  # noqa: E402
+from ingest.client.schema import TelemetrySchema  # noqa: E402
 from ingest.errors import DecodeError  # noqa: E402
-from ingest.event_time import MAX_EVENT_TIME  # noqa: E402
-from ingest.schema import TelemetrySchema  # noqa: E402
 from mechanisms.uldp.sparse import SparseBits  # noqa: E402
 
 MAX_REPORTS = 4096  # keep a single input cheap for the fuzzer
@@ -86,7 +87,7 @@ KNOWN = {s.fingerprint: s for s in schemas()}
 def seed_records(rng: np.random.Generator | None = None) -> list[bytes]:
     """Valid records of every schema (n = 0, 1, 7; sparse and bitmap uRAP layouts; TIME blocks of
     widths 1, 2 and 4, the last one reaching the latest hour before ``MAX_EVENT_TIME``)."""
-    from ingest.privatizer import Privatizer
+    from ingest.client.privatizer import Privatizer
 
     rng = rng if rng is not None else np.random.default_rng(0)
     out = []

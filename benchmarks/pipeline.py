@@ -9,7 +9,7 @@ mean, variance, DR quantiles, two frequency queries, DR logistic and DR median r
 k-means, with only the Kafka addresses, topics, group and checkpoint cadence changed; its two windowed queries
 are measured by ``benchmarks/windows.py``):
 
-* **produce**: :class:`ingest.producer.ReportProducer` (slice + encode + send + all acks) vs a raw
+* **produce**: :class:`ingest.kafka.producer.ReportProducer` (slice + encode + send + all acks) vs a raw
   kafka-python ``KafkaProducer.send`` loop of the same pre-encoded records, 1/100/1000 reports per
   record (``benchmarks/produce.py``).
 * **consume**: one worker process (decode, doubling, 8 query states, checkpoints) vs a raw
@@ -73,7 +73,7 @@ from benchmarks._pipeline_report import (
     plot,
     print_tables,
 )
-from ingest.processes import free_port, spawn_process, stop_process
+from ingest.local.processes import free_port, spawn_process, stop_process
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def _raw_pass(tmp, bootstrap: str, topic: str, n_records: int, tag: str, malloc_
 def _spawn_raw(tmp, bootstrap: str, topic: str, n_records: int, tag: str,
                malloc_trim_mib: int) -> tuple[subprocess.Popen, dict]:
     """Start the raw consumer process (1 partition, from the beginning) with the allocator
-    settings of :func:`ingest.kafka.keep_freed_memory` (``malloc_trim_mib`` MiB; 0 = glibc's
+    settings of :func:`ingest.kafka.allocator.keep_freed_memory` (``malloc_trim_mib`` MiB; 0 = glibc's
     defaults); returns it and its ``ready`` / ``out`` / ``log`` paths."""
     rf = {k: tmp / f"{tag}.raw.{k}" for k in ("ready", "out", "log")}
     rp = spawn(
@@ -286,7 +286,7 @@ def _spawn_raw(tmp, bootstrap: str, topic: str, n_records: int, tag: str,
 
 def section_e2e(tmp, bootstrap, schema, pool, plan) -> list[dict]:
     from aggregator.worker import ensure_topics
-    from ingest.producer import ReportProducer, slice_batch
+    from ingest.kafka.producer import ReportProducer, slice_batch
 
     rows = []
     for m, n in plan:
@@ -313,7 +313,7 @@ def section_e2e(tmp, bootstrap, schema, pool, plan) -> list[dict]:
         pipe_rate = wk["reports"] / (wk["last"] - t0)
         # ceiling: raw producer → raw consumer of the same-sized encoded records
         rtopic = f"bench.{tag}.raw"
-        from ingest.kafka import ensure_topic
+        from ingest.kafka.topics import ensure_topic
 
         ensure_topic(bootstrap, rtopic, 1)
         rp, rf = _spawn_raw(tmp, bootstrap, rtopic, n_records, tag, cfg.worker.malloc_trim_threshold_mib)
@@ -592,8 +592,8 @@ def main(argv=None) -> int:
     q = args.quick
 
     from benchmarks.produce import report_pool
-    from ingest.broker import EmbeddedBroker
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
+    from ingest.local.broker import EmbeddedBroker
 
     schema = TelemetrySchema.load(SCHEMA)
     pool = report_pool(schema, 20_000 if q else 100_000)

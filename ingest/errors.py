@@ -15,12 +15,12 @@ class SchemaError(IngestError, ValueError):
 
 class EventTimeError(SchemaError):
     """A value of an event-time column that cannot be read as an event time
-    (``ingest.event_time``); the message names the column and the row (``time column
+    (``ingest.client.event_time``); the message names the column and the row (``time column
     'time_hour', row 17: cannot parse '2013-13-01' as an ISO-8601 time``)."""
 
 
 class DecodeError(IngestError, ValueError):
-    """A wire record could not be decoded; the subclasses below say why (``ingest.codec``).
+    """A wire record could not be decoded; the subclasses below say why (``ingest.client.codec``).
 
     ``reason`` is a short machine-readable label used for dead-letter metrics.
     """
@@ -126,7 +126,7 @@ class SourceError(IngestError, ValueError):
 
 
 class LedgerError(IngestError):
-    """A device ledger (``ingest.ledger``) cannot be opened or used: not an SQLite file, another
+    """A device ledger (``ingest.device.ledger``) cannot be opened or used: not an SQLite file, another
     application's database, corrupt, or unreadable. ``path`` is the ledger file; nothing was
     sent."""
 
@@ -137,7 +137,7 @@ class LedgerError(IngestError):
 
 class BudgetExceeded(IngestError):
     """The device has spent its ``[privacy] reports_per_period`` in the current period
-    (``ingest.ledger.DeviceLedger.spend``); nothing was sent and nothing was spent.
+    (``ingest.device.ledger.DeviceLedger.spend``); nothing was sent and nothing was spent.
 
     Attributes
     ----------
@@ -160,7 +160,7 @@ class BudgetExceeded(IngestError):
 
 
 class DeviceSecretError(IngestError):
-    """A device secret file (``ingest.device.DeviceSecret``) is missing, unreadable, readable by
+    """A device secret file (``ingest.device.runtime.DeviceSecret``) is missing, unreadable, readable by
     group or others, or not 32 bytes of hex. ``path`` is the file; nothing was sent."""
 
     def __init__(self, message: str, path: str) -> None:
@@ -169,7 +169,7 @@ class DeviceSecretError(IngestError):
 
 
 class OutboxError(IngestError):
-    """An outbox file (``ingest.outbox.Outbox``) cannot be opened or used: not an SQLite file,
+    """An outbox file (``ingest.device.outbox.Outbox``) cannot be opened or used: not an SQLite file,
     another application's database, corrupt, or unreadable. ``path`` is the file (``":memory:"``
     for an in-memory outbox)."""
 
@@ -200,7 +200,7 @@ class OutboxFull(OutboxError):
 
 
 class SenderError(IngestError):
-    """A :class:`ingest.sender.CollectorSender` could not deliver everything: the flush timed out,
+    """A :class:`ingest.device.sender.CollectorSender` could not deliver everything: the flush timed out,
     delivery stopped (the collector refused the token, 401), or batches were refused for good.
 
     Attributes
@@ -226,10 +226,13 @@ class SenderError(IngestError):
         return self.queued_reports + self.rejected_reports
 
 
-class TokenFileError(IngestError):
-    """A collector token file (``ingest.sender.read_token_file``) is missing, unreadable, readable
-    by group or others, empty, or holds more than one token. ``path`` is the file."""
+class TokenFileError(IngestError, ValueError):
+    """A token file is missing, unreadable, readable by group or others, or malformed; the message
+    names the file (and the line). Two files share it: a device's bearer token
+    (``ingest.device.sender.read_token_file``: empty, or more than one token) and the collector's
+    token list (``aggregator.collector.tokens``, docs/collector.md §5: a malformed line). ``path``
+    is the file where the raiser names it, else None."""
 
-    def __init__(self, message: str, path: str) -> None:
+    def __init__(self, message: str, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path

@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ingest.http_protocol import ERROR_CODES, IDEMPOTENCY_HEADER, REPORTS_PATH
-from ingest.processes import free_port
+from ingest.device.http_protocol import ERROR_CODES, IDEMPOTENCY_HEADER, REPORTS_PATH
+from ingest.local.processes import free_port
 
 #: the ``error`` code the fake answers with each scripted status (one of the protocol's codes)
 _CODES = {401: "invalid_token", 422: "empty_batch", 503: "overloaded",
@@ -140,7 +140,7 @@ class FakeCollector:
                     self.accepted[req.key] = req.body
             n = 0
             if self.schemas:
-                from ingest.codec import decode
+                from ingest.client.codec import decode
 
                 n = decode(req.body, self.schemas).n
             req.status, req.duplicate = 202, dup

@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
-from ingest.processes import free_port
+from ingest.local.processes import free_port
 
 
 class ServedApp:

@@ -652,8 +652,8 @@ def worker_exposition():
 
 
 def _encoded_records(schema, n_records: int, per_record: int, seed: int) -> list[bytes]:
-    from ingest.codec import encode
-    from ingest.privatizer import Privatizer
+    from ingest.client.codec import encode
+    from ingest.client.privatizer import Privatizer
 
     rng = np.random.default_rng(seed)
     priv = Privatizer(schema, rng=rng)
@@ -709,7 +709,7 @@ def serve_exposition(serve_runtime):
     from aggregator.metrics import read_metrics
     from aggregator.serve import EstimateStore, build_app
     from aggregator.worker import PartitionState
-    from ingest.batch import with_event_time
+    from ingest.client.batch import with_event_time
 
     runtime = serve_runtime
     records = _encoded_records(runtime.schema, n_records=4, per_record=200, seed=20240)
@@ -1110,8 +1110,8 @@ def test_alert_refusal_reasons_are_collector_error_codes():
     """The ``reason=~`` lists of the refusal alerts name real error codes: the server-side alert
     every 5xx code, the device-side alert every 4xx code a device does not retry (and not 404/405,
     which no device sends) and every decoder reason."""
-    from ingest.codec import DECODE_REASONS
-    from ingest.http_protocol import ERROR_CODES, RETRYABLE_STATUSES
+    from ingest.client.codec import DECODE_REASONS
+    from ingest.device.http_protocol import ERROR_CODES, RETRYABLE_STATUSES
 
     (doc,) = _yaml_docs(ALERTS)
     rules = {r["alert"]: r for g in doc["groups"] for r in g["rules"]}

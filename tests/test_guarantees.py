@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from ingest.privatizer import Privatizer
-from ingest.schema import TelemetrySchema
+from ingest.client.privatizer import Privatizer
+from ingest.client.schema import TelemetrySchema
 from mechanisms import zil as zil_mod
 from mechanisms.rng import as_generator, is_secure
 from tests.http_server import ServedApp
@@ -73,9 +73,9 @@ def test_zero_noise_single_and_batch_in_box(schema, no_noise):
 
 
 def test_zero_noise_producer_send_events_in_box(schema, no_noise):
-    from ingest.codec import decode
-    from ingest.producer import ReportProducer
-    from tests.ingest.test_producer_unit import FakeTransport
+    from ingest.client.codec import decode
+    from ingest.kafka.producer import ReportProducer
+    from tests.ingest.kafka.test_producer_unit import FakeTransport
 
     rng = np.random.default_rng(2)
     t = FakeTransport()
@@ -96,10 +96,10 @@ def test_zero_noise_cli_produce_in_box(schema, no_noise, tmp_path, capsys):
     from kafka import TopicPartition
 
     from aggregator.cli import main
-    from ingest.broker import EmbeddedBroker
-    from ingest.clients import reader_client
-    from ingest.codec import decode
-    from ingest.kafka import KafkaSettings
+    from ingest.client.codec import decode
+    from ingest.kafka.clients import reader_client
+    from ingest.kafka.settings import KafkaSettings
+    from ingest.local.broker import EmbeddedBroker
 
     rng = np.random.default_rng(3)
     csv = tmp_path / "events.csv"

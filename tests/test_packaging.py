@@ -21,10 +21,12 @@ EXTRAS_ONLY = ("numba", "llvmlite", "xxhash", "prometheus_client", "starlette", 
 
 #: the client side: enough to privatize and publish
 CLIENT_MODULES = ("mechanisms", "mechanisms.zil", "mechanisms.uldp", "mechanisms.losses",
-                  "mechanisms.estimation", "mechanisms.privacy", "ingest", "ingest.schema",
-                  "ingest.privatizer", "ingest.codec", "ingest.batch", "ingest.kafka",
-                  "ingest.producer", "ingest.sources", "ingest.broker", "mechanisms.privacy.composition",
-                  "ingest.privacy_summary", "ingest.http_protocol", "ingest.outbox", "ingest.sender")
+                  "mechanisms.estimation", "mechanisms.privacy", "ingest", "ingest.client.schema",
+                  "ingest.client.privatizer", "ingest.client.codec", "ingest.client.batch",
+                  "ingest.kafka.settings", "ingest.kafka.producer", "ingest.client.sources",
+                  "ingest.local.broker", "mechanisms.privacy.composition", "ingest.client.privacy_summary",
+                  "ingest.device.http_protocol", "ingest.device.outbox", "ingest.device.sender",
+                  "ingest.client.pacing")
 
 
 def test_demo_package_data_equals_examples_byte_for_byte():
@@ -88,10 +90,10 @@ def test_client_side_imports_and_publishes_without_the_extras():
             importlib.import_module(m)
 
         import numpy as np
-        from ingest.codec import decode, encode
-        from ingest.kafka import KafkaSettings
-        from ingest.privatizer import Privatizer
-        from ingest.schema import TelemetrySchema
+        from ingest.client.codec import decode, encode
+        from ingest.kafka.settings import KafkaSettings
+        from ingest.client.privatizer import Privatizer
+        from ingest.client.schema import TelemetrySchema
 
         schema = TelemetrySchema.load({str(ROOT / "examples" / "flights.schema.toml")!r})
         event = {{"arr_delay": 12.0, "dep_delay": 3.0, "distance": 1000.0, "air_time": 150.0,
@@ -101,11 +103,11 @@ def test_client_side_imports_and_publishes_without_the_extras():
         record = encode(batch, time_resolution=schema.time_resolution_s)
         back = decode(record, {{schema.fingerprint: schema}})
         KafkaSettings(bootstrap_servers="127.0.0.1:9")
-        from ingest.schema import PrivacySetting
+        from ingest.client.schema import PrivacySetting
 
         unit = PrivacySetting(unit="device", period="1d", reports_per_period=2)
         composed = "composed" in schema.privacy_summary(unit)["numeric"]  # dp-accounting is client side
-        from ingest.sender import CollectorSender  # stdlib HTTP, ssl and sqlite3 only
+        from ingest.device.sender import CollectorSender  # stdlib HTTP, ssl and sqlite3 only
 
         CollectorSender("https://127.0.0.1:9", "t", schema, timeout_s=1).outbox.put(record, batch.n)
         leaked = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))

@@ -16,7 +16,7 @@ import logging
 import re
 import sys
 
-from ingest.processes import exit_with_parent
+from ingest.local.processes import exit_with_parent
 from mechanisms.errors import LdpStreamError
 
 # module name under aggregator.cli, in --help order
@@ -66,7 +66,7 @@ def _subparser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ldp-stream`` console script; returns the exit status."""
-    exit_with_parent()  # when started by the demo: stop if it dies (ingest.processes.exit_with_parent)
+    exit_with_parent()  # when started by the demo: stop if it dies (ingest.local.processes.exit_with_parent)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     sub = _subparser(parser, args)  # errors name the (sub)command, not the top-level program

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if loss is not None:  # before the replay, which can take minutes
         check_loss_fields(loss, fields, cfg.telemetry_schema, key="--fields", loss_name=args.loss,
                           estimator=args.estimator)
-    from ingest.kafka import reachable
+    from ingest.kafka.clients import reachable
 
     runtime = PipelineRuntime.from_config(cfg)  # its states' own checks, before any broker contact
     if not reachable(cfg.kafka):

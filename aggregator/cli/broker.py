@@ -48,7 +48,7 @@ def storage_line(storage_url: str, env: dict[str, str] | None = None) -> str:
     Parameters
     ----------
     storage_url : str
-        ``memory://NAME/`` or ``s3://BUCKET/`` (as checked by :class:`ingest.broker.EmbeddedBroker`).
+        ``memory://NAME/`` or ``s3://BUCKET/`` (as checked by :class:`ingest.local.broker.EmbeddedBroker`).
     env : dict of str to str or None
         The broker's environment, for ``AWS_ENDPOINT``; ``None``: this process's.
 
@@ -57,7 +57,7 @@ def storage_line(storage_url: str, env: dict[str, str] | None = None) -> str:
     str
         One line, e.g. ``"storage memory://tansu/: in memory only, ..."``.
     """
-    from ingest.broker import NO_LOCAL_STORE
+    from ingest.local.broker import NO_LOCAL_STORE
 
     env = os.environ if env is None else env
     if storage_url.startswith("s3://"):
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     SIGTERM and SIGHUP (:data:`STOP_SIGNALS`) stop the broker and then this command. The broker
     runs in a session of its own (a terminal's Ctrl-C and a kill of this process group reach only
     this process, which stops it); if this process dies without stopping it (SIGKILL), the kernel
-    kills it (Linux ``PR_SET_PDEATHSIG``, :class:`ingest.broker.EmbeddedBroker`).
+    kills it (Linux ``PR_SET_PDEATHSIG``, :class:`ingest.local.broker.EmbeddedBroker`).
 
     Returns
     -------
@@ -92,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
         If the broker does not start (its message ends with the tail of the broker log).
     """
     from aggregator.errors import CLIError
-    from ingest.broker import EmbeddedBroker
     from ingest.errors import ConfigError
-    from ingest.processes import port_is_free
+    from ingest.local.broker import EmbeddedBroker
+    from ingest.local.processes import port_is_free
 
     if args.port is not None and not 0 <= args.port <= 65535:
         raise CLIError(f"--port must be in [1, 65535], or 0 for a free port, got {args.port}")

@@ -98,7 +98,7 @@ def run_token(args: argparse.Namespace) -> int:
 
     from aggregator.collector.tokens import mint_token, parse_expiry
     from aggregator.errors import CLIError
-    from ingest.event_time import iso_utc
+    from ingest.client.event_time import iso_utc
 
     expires = None
     if args.expires is not None:
@@ -117,7 +117,7 @@ def run_token(args: argparse.Namespace) -> int:
 
 def _check_tls(section) -> tuple[str | None, str | None]:
     from aggregator.errors import ConfigError
-    from ingest._files import check_readable
+    from ingest.files import check_readable
 
     out = []
     for key in ("tls_certfile", "tls_keyfile"):
@@ -140,8 +140,9 @@ def run(args: argparse.Namespace) -> int:
     from aggregator.config import PipelineConfig
     from aggregator.errors import CLIError, ConfigError
     from aggregator.serve import check_bindable
-    from ingest.kafka import ensure_topic, reachable
-    from ingest.transport import KafkaPythonTransport
+    from ingest.kafka.clients import reachable
+    from ingest.kafka.topics import ensure_topic
+    from ingest.kafka.transport import KafkaPythonTransport
 
     if args.host is not None and not args.host.strip():
         raise CLIError("--host must be an address to bind, got ''")
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     schema = cfg.telemetry_schema
     check_bindable(host, port)  # fail before touching Kafka
     if port == 0:
-        from ingest.processes import free_port
+        from ingest.local.processes import free_port
 
         port = free_port(host)
     if not reachable(cfg.kafka, timeout=2.0):

@@ -350,7 +350,7 @@ def run_guarantee(args: argparse.Namespace) -> int:
     if args.schema is not None:
         if any(v is not None for v in (args.zero_prob, args.scale, args.dim)):
             raise ParameterError("give either --schema or --zero-prob/--scale/--dim, not both")
-        from ingest.schema import TelemetrySchema
+        from ingest.client.schema import TelemetrySchema
 
         summary = TelemetrySchema.load(args.schema).privacy_summary()
         print(json.dumps(summary, allow_nan=False) if args.json else _schema_text(summary))

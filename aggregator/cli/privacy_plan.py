@@ -1,5 +1,5 @@
 """``ldp-stream privacy plan``: a schema's privacy parameters for a target per privacy unit, with
-the interval half-widths they will give (``ingest.planner``; docs/privacy.md §8)."""
+the interval half-widths they will give (``ingest.client.planner``; docs/privacy.md §8)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _sd_map(text: str) -> dict[str, float]:
 
 def register(sub) -> None:
     """Add ``plan`` to the ``privacy`` subcommands."""
-    from ingest.planner import OPTIMIZE
+    from ingest.client.planner import OPTIMIZE
 
     p = sub.add_parser(
         "plan",
@@ -106,7 +106,7 @@ def _text(plan: dict) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """Print the plan (``--json``: ``ingest.planner.plan_schema``'s dict); ``--write-schema``
+    """Print the plan (``--json``: ``ingest.client.planner.plan_schema``'s dict); ``--write-schema``
     writes the schema with the recommended parameters.
 
     Returns
@@ -114,8 +114,8 @@ def run_plan(args: argparse.Namespace) -> int:
     int
         0. Bad arguments or an unreachable target raise ``ParameterError`` (exit 2).
     """
-    from ingest.planner import plan_schema, planned_schema
-    from ingest.schema import TelemetrySchema
+    from ingest.client.planner import plan_schema, planned_schema
+    from ingest.client.schema import TelemetrySchema
 
     lo, hi = WINDOW_RANGE
     if not lo <= args.reports_per_window <= hi:

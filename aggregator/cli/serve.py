@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--port must be in [0, 65535], got {port}")
     check_bindable(host, port)  # fail before touching Kafka
     if port == 0:  # a free port, chosen now so that it can be printed
-        from ingest.processes import free_port
+        from ingest.local.processes import free_port
 
         port = free_port(host)
     announce_compile("ldp-stream serve")  # the states' kernels are compiled or loaded next

@@ -38,7 +38,7 @@ from aggregator.collector.readback import TopicReadBack
 from aggregator.collector.readiness import BrokerProbe, Readiness
 from aggregator.collector.tokens import TokenStore
 from aggregator.errors import RequestRefused
-from ingest.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH, valid_idempotency_key
+from ingest.device.http_protocol import CONTENT_TYPE, IDEMPOTENCY_HEADER, REPORTS_PATH, valid_idempotency_key
 
 __all__ = ["Collector", "build_app"]
 
@@ -55,15 +55,15 @@ class Collector:
     ----------
     section : CollectorSection
         ``[collector]`` of the pipeline config (docs/collector.md §4).
-    schema : ingest.schema.TelemetrySchema
+    schema : ingest.client.schema.TelemetrySchema
         The pipeline's schema: the only one whose records are accepted.
-    transport : ingest.transport.Transport
-        Where bodies go (:class:`ingest.transport.KafkaPythonTransport` in production, built with
+    transport : ingest.kafka.transport.Transport
+        Where bodies go (:class:`ingest.kafka.transport.KafkaPythonTransport` in production, built with
         :data:`aggregator.collector.forward.PRODUCER_OPTIONS`), with ``partitions_for(topic)``.
     topic : str
         The reports topic.
     tokens : TokenStore
-    settings : ingest.kafka.KafkaSettings or None
+    settings : ingest.kafka.settings.KafkaSettings or None
         For the readiness TCP check, the default readiness probe and the default read-back
         (None: no TCP check and no default probe; then ``readback`` is required).
     readback : aggregator.collector.readback.ReadBack or None
@@ -147,7 +147,7 @@ class Collector:
         aggregator.errors.RequestRefused
             Every refusal (the caller turns it into the JSON answer).
         """
-        from ingest import codec
+        from ingest.client import codec
         from ingest.errors import DecodeError
 
         s = self.section
@@ -211,7 +211,7 @@ class Collector:
         skew = self.max_event_time_skew_s
         if skew is None or batch.event_time is None or not len(batch.event_time):
             return
-        from ingest.event_time import iso_utc
+        from ingest.client.event_time import iso_utc
 
         latest, now = int(batch.event_time.max()), int(self.wall_clock())
         if latest > now + skew:

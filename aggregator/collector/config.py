@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from aggregator.queries import finite_float
-from ingest._model import StrictModel
+from ingest.model import StrictModel
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "CollectorSection", "event_time_skew_limit"]
 

@@ -58,7 +58,7 @@ class Forwarder:
 
     Parameters
     ----------
-    transport : ingest.transport.Transport
+    transport : ingest.kafka.transport.Transport
         ``send(topic, value)`` returns a future with ``add_callback`` / ``add_errback``
         (kafka-python's ``FutureRecordMetadata``); ``flush`` and ``close`` take a timeout.
     topic : str

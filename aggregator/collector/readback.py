@@ -19,7 +19,7 @@ import hashlib
 import threading
 from typing import Protocol, runtime_checkable
 
-from ingest.kafka import KafkaSettings
+from ingest.kafka.settings import KafkaSettings
 
 __all__ = ["BATCH_ID_HEADER", "ReadBack", "TopicConsumer", "TopicReadBack", "batch_id", "partition_of"]
 
@@ -89,7 +89,7 @@ class TopicConsumer:
         self._lock = threading.Lock()
 
     def _client(self):
-        from ingest.clients import reader_client
+        from ingest.kafka.clients import reader_client
 
         if self._consumer is None:
             self._consumer = reader_client(self.settings)
@@ -124,7 +124,7 @@ class TopicReadBack(TopicConsumer):
         """See :class:`ReadBack`; ``{}`` when the topic's partitions are not known yet."""
         from kafka import TopicPartition
 
-        from ingest.kafka import high_watermarks
+        from ingest.kafka.offsets import high_watermarks
 
         with self._lock:
             consumer = self._client()
@@ -138,7 +138,7 @@ class TopicReadBack(TopicConsumer):
         """See :class:`ReadBack`. A failed read drops the consumer (the next read builds a new one)."""
         from kafka import TopicPartition
 
-        from ingest.clients import read_to_end
+        from ingest.kafka.clients import read_to_end
 
         tp = TopicPartition(self.topic, int(partition))
         found: set[bytes] = set()

@@ -67,11 +67,11 @@ class Readiness:
 
     Parameters
     ----------
-    transport : ingest.transport.Transport
+    transport : ingest.kafka.transport.Transport
         Should have ``partitions_for(topic)``; without it the topic counts as partition 0.
     topic : str
-    settings : ingest.kafka.KafkaSettings or None
-        For :func:`ingest.kafka.reachable`; None skips the TCP check (tests).
+    settings : ingest.kafka.settings.KafkaSettings or None
+        For :func:`ingest.kafka.clients.reachable`; None skips the TCP check (tests).
     interval_s : float
         Seconds between probes.
     probe : callable (partitions: set[int], timeout_s: float) → None, or None
@@ -97,7 +97,7 @@ class Readiness:
 
     def check(self) -> bool:
         """One probe; sets :attr:`ready` and :attr:`reason`."""
-        from ingest.kafka import reachable
+        from ingest.kafka.clients import reachable
 
         try:
             if self.settings is not None and not reachable(self.settings):

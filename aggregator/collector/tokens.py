@@ -25,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.errors import RequestRefused, TokenFileError
-from ingest._files import check_private_file
+from aggregator.errors import RequestRefused
+from ingest.errors import TokenFileError
+from ingest.files import check_private_file
 
 __all__ = ["TokenFileError", "TokenInfo", "TokenStore", "hash_token", "mint_token",
            "new_token", "parse_expiry", "read_token_file"]
@@ -142,7 +143,7 @@ def parse_expiry(text: str, *, now: float | None = None, relative: bool = True) 
     ValueError
         Naming the accepted forms.
     """
-    from ingest.event_time import parse_duration, parse_iso_utc
+    from ingest.client.event_time import parse_duration, parse_iso_utc
 
     if relative and re.fullmatch(r"[0-9]+[smhdw]", text):
         return int((time.time() if now is None else now) + parse_duration(text, "--expires"))
@@ -273,7 +274,7 @@ class TokenStore:
         if found is None:
             raise RequestRefused("invalid_token", "unknown token")
         if found.expires is not None and self._wall() >= found.expires:
-            from ingest.event_time import iso_utc
+            from ingest.client.event_time import iso_utc
 
             log.warning("refused the expired token %r (expired %s)", found.id, iso_utc(found.expires))
             raise RequestRefused("invalid_token",
@@ -307,7 +308,7 @@ def mint_token(path: str | os.PathLike, token_id: str, expires: int | None = Non
     -----
     Source: docs/collector.md §5.1.
     """
-    from ingest.event_time import iso_utc
+    from ingest.client.event_time import iso_utc
 
     if not TOKEN_ID_RE.fullmatch(token_id or ""):
         raise TokenFileError(f"--id must be 1-64 characters of A-Z a-z 0-9 . _ : -, got {token_id!r}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aggregator.errors import ChildExited
-from ingest.processes import spawn_process, stop_processes
+from ingest.local.processes import spawn_process, stop_processes
 
 __all__ = ["Child", "ChildExited", "answers_http", "check_alive", "exited_ok", "spawn", "stop_all",
            "wait_ready"]
@@ -73,7 +73,7 @@ def spawn(name: str, args: list[str], log_dir: Path, url: str | None = None,
           module: str = "aggregator.cli") -> Child:
     """Start ``python -m <module> <args>`` as :class:`Child` ``name``, its log started empty.
 
-    It runs in its own session (``ingest.processes.spawn_process``): a terminal's Ctrl-C reaches
+    It runs in its own session (``ingest.local.processes.spawn_process``): a terminal's Ctrl-C reaches
     only the demo, which stops its children; a child asks for SIGTERM when the demo dies without
     cleaning up.
 
@@ -214,7 +214,7 @@ def wait_ready(children: list[Child], ready: Callable[[Child], bool], *, keep_al
 
 def stop_all(children: list[Child], timeout: float = 10.0) -> None:
     """Stop every child at once: the workers' final checkpoints and serve's shutdown overlap
-    (``ingest.processes.stop_processes``).
+    (``ingest.local.processes.stop_processes``).
 
     Parameters
     ----------

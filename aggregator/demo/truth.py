@@ -51,7 +51,7 @@ def true_values(query, schema, raw: dict[str, np.ndarray]) -> dict[str, float]:
     Parameters
     ----------
     query : aggregator.queries.Query
-    schema : ingest.schema.TelemetrySchema
+    schema : ingest.client.schema.TelemetrySchema
     raw : mapping field name → ndarray (n,)
         Clipped numeric values (float) and categorical values (category strings) of the same n
         events.

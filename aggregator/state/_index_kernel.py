@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from aggregator.state._kernels import FAST_SUMS
-from ingest._numba import jit
+from ingest.jit import jit
 
 __all__ = ["HESS_ANALYTIC", "HESS_SMOOTHED", "LABEL_RAW", "LABEL_THRESHOLD", "PHI_LOGISTIC", "PHI_QUANTILE",
            "add_hessian", "dot", "fill", "phi", "vexp"]

@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ingest._numba import jit
+from ingest.jit import jit
 
 __all__ = ["histogram3", "moments_batch", "sl_double", "sl_draws", "urap_counts", "warm"]
 

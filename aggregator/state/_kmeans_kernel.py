@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from aggregator.state._renewable_kernel import add_if_positive_definite, guarded_step
-from ingest._numba import jit
+from ingest.jit import jit
 
 __all__ = ["renew_kmeans_blocks", "warm"]
 

@@ -31,7 +31,7 @@ from aggregator.state._index_kernel import (
     fill,
     phi,
 )
-from ingest._numba import jit
+from ingest.jit import jit
 
 __all__ = ["renew_blocks", "warm"]
 

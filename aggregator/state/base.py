@@ -2,7 +2,7 @@
 
 A *state* is the mergeable, serializable summary a worker keeps per (query, partition):
 
-* ``update(batch, x2)`` folds in a :class:`ingest.batch.ReportBatch`; ``x2`` is the consumer-side
+* ``update(batch, x2)`` folds in a :class:`ingest.client.batch.ReportBatch`; ``x2`` is the consumer-side
   doubled numeric block ``X̃₂ = X̃₁ + sqrt(δλ²)·range·sqrt(W)·G`` (``zil.double``'s distribution)
   drawn from the record bytes (:mod:`aggregator.state.doubling`) and passed to every state;
 * ``merge(other)`` / ``+`` / ``+=`` combine partitions (exact for sufficient statistics);
@@ -155,7 +155,7 @@ class State(ABC):
     Parameters
     ----------
     query : Query or mapping
-    schema : ingest.schema.TelemetrySchema
+    schema : ingest.client.schema.TelemetrySchema
 
     Raises
     ------
@@ -186,7 +186,7 @@ class State(ABC):
 
         Parameters
         ----------
-        batch : ingest.batch.ReportBatch
+        batch : ingest.client.batch.ReportBatch
             ``batch.numeric`` is ``X̃₁``, shape (n, d), original units.
         x2 : ndarray of shape (n, d) or None
             Doubled block ``X̃₂`` for the same rows (required by states that use it).

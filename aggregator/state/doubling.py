@@ -134,7 +134,7 @@ class Doubler:
 
     Parameters
     ----------
-    schema : ingest.schema.TelemetrySchema
+    schema : ingest.client.schema.TelemetrySchema
         Its :meth:`zil_mechanism` gives ``sd = sqrt(zero_prob · noise_variance)`` per numeric
         coordinate (``δλ²·range²``, docs/mechanisms.md §2.2); a schema without numeric fields doubles nothing.
 
@@ -156,7 +156,7 @@ class Doubler:
 
         Parameters
         ----------
-        batch : ingest.batch.ReportBatch
+        batch : ingest.client.batch.ReportBatch
             ``batch.numeric`` is ``X̃₁``, shape (n, d), rows in record order.
         records : sequence of bytes-like
         counts : sequence of int

@@ -52,7 +52,7 @@ def build_state(query, schema, *, loss=None):
     Parameters
     ----------
     query : Query or mapping
-    schema : ingest.schema.TelemetrySchema
+    schema : ingest.client.schema.TelemetrySchema
     loss : loss object, optional
         A ``custom`` query's loss, already resolved from its ``loss`` spec (the pipeline config
         resolves it once, when it is loaded); the state then imports no user code. None: the

@@ -22,8 +22,8 @@ import numpy as np
 
 from aggregator.errors import EmptyStateError, StateError
 from aggregator.state.base import Estimate, State
-from ingest.batch import ReportBatch, concat_batches, slice_batch
-from ingest.event_time import floor_to
+from ingest.client.batch import ReportBatch, concat_batches, slice_batch
+from ingest.client.event_time import floor_to
 
 __all__ = ["WindowedState", "split_rows", "window_starts"]
 

@@ -20,7 +20,7 @@ from aggregator.worker.fold import Folder
 from aggregator.worker.loop import DEFAULT_MAX_POLL_RECORDS, KafkaClients, Worker
 from aggregator.worker.partition import Mark, PartitionState
 from aggregator.worker.threads import OverlapThreads
-from ingest.batch import concat_batches
+from ingest.client.batch import concat_batches
 
 __all__ = [
     "DEFAULT_MAX_POLL_RECORDS",

@@ -1,5 +1,5 @@
 """Building a :class:`~aggregator.worker.loop.Worker` from a pipeline config: its plan and its
-Kafka clients (:mod:`ingest.clients`, with the ``[kafka]`` settings)."""
+Kafka clients (:mod:`ingest.kafka.clients`, with the ``[kafka]`` settings)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from aggregator.checkpoint import StateTopicReader
 from aggregator.metrics import WorkerMetrics
 from aggregator.plan import PipelineRuntime
 from aggregator.worker.loop import DEFAULT_MAX_POLL_RECORDS, KafkaClients, Worker
-from ingest.clients import consumer_client, producer_client
+from ingest.kafka.clients import consumer_client, producer_client
 
 if TYPE_CHECKING:
     from aggregator.config import PipelineConfig
@@ -22,12 +22,13 @@ def worker_from_config(config: PipelineConfig, *, group_id: str | None = None,
                        max_poll_records: int = DEFAULT_MAX_POLL_RECORDS, overlap: bool = True) -> Worker:
     """Build a :class:`Worker` and its clients from a :class:`aggregator.config.PipelineConfig`.
 
-    The group consumer (``group_id``, :data:`ingest.kafka.FAST_GROUP_SETTINGS`, no auto-commit,
+    The group consumer (``group_id``, :data:`ingest.kafka.settings.FAST_GROUP_SETTINGS`, no auto-commit,
     from the earliest offset, ``max_poll_records``), the producer of checkpoints and dead letters
     (``acks="all"``, requests large enough for ``[worker] max_record_bytes``, ``linger_ms`` 5
     and 1 MiB batches) and the state-topic
     reader all carry the ``[kafka]`` settings (TLS, SASL). Also applies ``[worker]
-    malloc_trim_threshold_mib`` to this process's allocator (:func:`ingest.kafka.keep_freed_memory`):
+    malloc_trim_threshold_mib`` to this process's allocator
+    (:func:`ingest.kafka.allocator.keep_freed_memory`):
     the consumer's fetch buffers are then reused rather than page-faulted in again for every
     fetch response.
 
@@ -39,7 +40,7 @@ def worker_from_config(config: PipelineConfig, *, group_id: str | None = None,
     ConfigError
         On any invalid setting (propagated).
     """
-    from ingest.kafka import keep_freed_memory
+    from ingest.kafka.allocator import keep_freed_memory
 
     runtime = PipelineRuntime.from_config(config)
     w = config.worker

@@ -32,7 +32,7 @@ from aggregator.metrics import WorkerMetrics
 from aggregator.plan import PipelineRuntime
 from aggregator.worker.partition import PartitionState
 from aggregator.worker.threads import OverlapThreads
-from ingest.batch import ReportBatch, concat_batches, slice_batch, with_event_time
+from ingest.client.batch import ReportBatch, concat_batches, slice_batch, with_event_time
 
 __all__ = ["Folder"]
 

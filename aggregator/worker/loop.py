@@ -12,9 +12,8 @@ with ``next_offset`` (the first offset not yet folded in):
   thread (one update in flight) while the fold thread takes the next poll
   (:class:`~aggregator.worker.threads.OverlapThreads`);
 * every ``checkpoint_interval_s`` seconds or ``checkpoint_reports`` reports (or once the windowed
-  queries hold :data:`MAX_CLOSED_PANES` closed panes), each changed
-  partition's checkpoint is published to the state topic, and **only once the broker has
-  acknowledged it** are group offsets committed
+  queries hold :data:`MAX_CLOSED_PANES` closed panes), each changed partition's checkpoint is published
+  to the state topic, and **only once the broker has acknowledged it** are group offsets committed
   (:class:`~aggregator.worker.checkpointing.Checkpointer`; at most one such checkpoint is on
   its way while the main thread keeps fetching);
 * on assignment the latest checkpoint of the partition is read from the state topic (to its end)
@@ -55,7 +54,8 @@ from aggregator.worker.fold import Folder
 from aggregator.worker.partition import PartitionState
 from aggregator.worker.recovery import Recovery
 from aggregator.worker.threads import OverlapThreads
-from ingest.kafka import CLOSE_TIMEOUT_S, close_without_leaving
+from ingest.kafka.groups import close_without_leaving
+from ingest.kafka.settings import CLOSE_TIMEOUT_S
 
 __all__ = ["DEFAULT_MAX_POLL_RECORDS", "MAX_CLOSED_PANES", "KafkaClients", "Worker"]
 
@@ -621,7 +621,7 @@ class Worker(Recovery):
 
     def shutdown(self) -> None:
         """Final checkpoint (none after a failed fold or update), stop the threads and close
-        the clients within :data:`ingest.kafka.CLOSE_TIMEOUT_S` (:meth:`run` ends with it)."""
+        the clients within :data:`ingest.kafka.settings.CLOSE_TIMEOUT_S` (:meth:`run` ends with it)."""
         self.owned_at_stop = sorted(self.owned)
         try:
             if self.threads.failure is not None:

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from aggregator.worker.partition import PartitionState
-from ingest.batch import ReportBatch
+from ingest.client.batch import ReportBatch
 
 __all__ = ["OverlapThreads"]
 

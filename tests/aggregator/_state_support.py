@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingest.batch import ReportBatch
-from ingest.schema import TelemetrySchema
+from ingest.client.batch import ReportBatch
+from ingest.client.schema import TelemetrySchema
 
 SCHEMA_DICT = {
     "name": "state-test",

@@ -16,10 +16,10 @@ from aggregator.collector.app import Collector, build_app
 from aggregator.collector.config import CollectorSection
 from aggregator.collector.protocol import http_protocol
 from aggregator.collector.tokens import TokenStore, mint_token
-from ingest.codec import encode
-from ingest.http_protocol import CONTENT_TYPE, REPORTS_PATH
-from ingest.privatizer import Privatizer
-from ingest.schema import TelemetrySchema
+from ingest.client.codec import encode
+from ingest.client.privatizer import Privatizer
+from ingest.client.schema import TelemetrySchema
+from ingest.device.http_protocol import CONTENT_TYPE, REPORTS_PATH
 from tests.http_server import ServedApp
 
 SCHEMA = TelemetrySchema.from_dict({"name": "col", "numeric": {
@@ -82,7 +82,7 @@ class FakeFuture:
 
 
 class FakeTransport:
-    """An ``ingest.transport.Transport`` over an in-memory topic, and the collector's ``ReadBack``
+    """An ``ingest.kafka.transport.Transport`` over an in-memory topic, and the collector's ``ReadBack``
     of it.
 
     ``mode``: ``"ack"`` writes and acknowledges at once; ``"hold"`` keeps the futures in

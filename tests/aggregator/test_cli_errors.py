@@ -12,7 +12,7 @@ from aggregator.cli import main
 from aggregator.errors import ConfigError
 from aggregator.metrics import start_metrics_server
 from aggregator.serve import check_bindable
-from ingest.processes import free_port
+from ingest.local.processes import free_port
 
 SCHEMA = str(Path(__file__).resolve().parents[2] / "examples" / "flights.schema.toml")
 
@@ -104,7 +104,7 @@ def test_non_utf8_files_are_named_in_the_error(tmp_path, capsys):
 
 
 def test_a_directory_as_source_is_not_a_file(tmp_path):
-    from ingest.sources import SourceError, open_source
+    from ingest.client.sources import SourceError, open_source
 
     for name in ("d.csv", "d.jsonl"):
         (tmp_path / name).mkdir()
@@ -115,7 +115,7 @@ def test_a_directory_as_source_is_not_a_file(tmp_path):
 
 
 def test_non_utf8_jsonl_source_names_the_file(tmp_path):
-    from ingest.sources import SourceError, open_source
+    from ingest.client.sources import SourceError, open_source
 
     path = tmp_path / "e.jsonl"
     path.write_bytes(b'{"a": 1}\n\xff\n')

@@ -106,7 +106,7 @@ unit = "min"
 
 
 def test_plan_json_and_written_schema(tmp_path, capsys):
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
 
     src, out = tmp_path / "one.schema.toml", tmp_path / "planned.schema.toml"
     src.write_text(ONE_FIELD + DEVICE)

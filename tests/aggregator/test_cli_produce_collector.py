@@ -10,11 +10,11 @@ import re
 import pytest
 
 from aggregator.cli import main
-from ingest.codec import decode
-from ingest.ledger import DeviceLedger
-from ingest.outbox import Outbox
-from ingest.schema import TelemetrySchema
-from ingest.sender import CollectorSender
+from ingest.client.codec import decode
+from ingest.client.schema import TelemetrySchema
+from ingest.device.ledger import DeviceLedger
+from ingest.device.outbox import Outbox
+from ingest.device.sender import CollectorSender
 from tests.fake_collector import FakeCollector
 
 SCHEMA_TOML = """name = "dev"

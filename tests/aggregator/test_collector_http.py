@@ -9,9 +9,9 @@ import time
 import pytest
 
 from aggregator.collector.tokens import mint_token
-from ingest import codec
+from ingest.client import codec
 from ingest.errors import DecodeError
-from ingest.transport import Transport
+from ingest.kafka.transport import Transport
 from tests.aggregator.collector_support import (
     OTHER,
     SCHEMA,
@@ -247,8 +247,8 @@ def test_a_urap_report_with_two_non_sensitive_bits_is_422_impossible_report(tmp_
     forwarded, so no worker has to dead-letter it."""
     import numpy as np
 
-    from ingest.batch import ReportBatch
-    from ingest.schema import TelemetrySchema
+    from ingest.client.batch import ReportBatch
+    from ingest.client.schema import TelemetrySchema
     from mechanisms.uldp import SparseBits
 
     schema = TelemetrySchema.from_dict({"name": "colu", "categorical": [{
@@ -279,8 +279,8 @@ def test_an_event_time_too_far_ahead_of_the_collector_clock_is_422_event_time_sk
     against its own clock, so a 202 is never followed by a dead letter."""
     import numpy as np
 
-    from ingest.privatizer import Privatizer
-    from ingest.schema import TelemetrySchema
+    from ingest.client.privatizer import Privatizer
+    from ingest.client.schema import TelemetrySchema
 
     schema = TelemetrySchema.from_dict({
         "name": "colt", "event_time": {"field": "t", "resolution": "1s"},

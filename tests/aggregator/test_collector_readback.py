@@ -80,7 +80,7 @@ def test_reports_accepted_counts_batches_settled_by_a_read_back_or_a_late_ack(tm
     """``ldp_collector_reports_accepted_total`` counts every record known to be in the topic
     once, also those whose first request was answered 503: a lost acknowledgement found by the
     read-back, an acknowledgement that came after ``ack_timeout_s``."""
-    from ingest.codec import decode
+    from ingest.client.codec import decode
     from tests.aggregator.collector_support import SCHEMA
 
     s = Served(tmp_path, ack_timeout_s=0.3)

@@ -12,7 +12,8 @@ import pytest
 
 from aggregator.cli import main
 from aggregator.collector.tokens import TokenStore, hash_token, mint_token, read_token_file
-from aggregator.errors import RequestRefused, TokenFileError
+from aggregator.errors import RequestRefused
+from ingest.errors import TokenFileError
 
 
 class Clock:

@@ -275,7 +275,7 @@ def test_the_docs_factory_example_loads_and_the_bare_class_does_not(tmp_path, mo
 
 def test_the_naive_estimator_takes_a_loss_without_noised_columns():
     """``naive`` fits ℓ(x̃₁, θ) as is: the noised-columns check is for the corrected losses only."""
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
     from mechanisms.losses import LinearRegressionLoss
 
     schema = TelemetrySchema.load(pathlib.Path(__file__).resolve().parents[2] / "examples"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.demo.children import Child, ChildExited, exited_ok, stop_all, wait_ready
-from ingest.processes import spawn_process
+from ingest.local.processes import spawn_process
 
 
 class FakeProc:

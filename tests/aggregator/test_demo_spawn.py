@@ -1,6 +1,6 @@
 """How the demo starts its processes: no fork that can hang a matrix product on another thread,
 and children that stop when the demo dies (``aggregator.demo.children.spawn``,
-``ingest.processes.exit_with_parent``)."""
+``ingest.local.processes.exit_with_parent``)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-_CHILD = ("from ingest.processes import exit_with_parent; import time; exit_with_parent(); "
+_CHILD = ("from ingest.local.processes import exit_with_parent; import time; exit_with_parent(); "
           "print('started', flush=True); time.sleep(60)")
 
 
@@ -92,7 +92,7 @@ def test_child_stops_when_its_parent_dies():
     # the child asked for the signal, prints its pid and dies without cleaning up
     script = f"""
         import os, subprocess, sys
-        from ingest.processes import EXIT_WITH_PARENT_ENV
+        from ingest.local.processes import EXIT_WITH_PARENT_ENV
         env = {{**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())}}
         child = subprocess.Popen([sys.executable, "-c", {_CHILD!r}], env=env, stdout=subprocess.PIPE,
                                  text=True, start_new_session=True)
@@ -125,7 +125,7 @@ def test_child_of_an_already_dead_parent_stops_at_once():
 def test_without_the_variable_nothing_changes():
     env = {k: v for k, v in os.environ.items() if k != "LDP_STREAM_EXIT_WITH_PARENT"}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([sys.executable, "-c", "from ingest.processes import exit_with_parent; "
+    proc = subprocess.run([sys.executable, "-c", "from ingest.local.processes import exit_with_parent; "
                            "exit_with_parent(); print('fine')"], capture_output=True, text=True,
                           env=env, timeout=30)
     assert proc.returncode == 0 and proc.stdout.strip() == "fine", proc.stderr

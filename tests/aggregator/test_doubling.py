@@ -218,8 +218,8 @@ def test_doubler_is_the_schemas_doubling_record_by_record_or_batched():
     records equals ``double`` of each record's rows, and a schema without numeric fields or a
     batch without reports gives ``X̃₁`` back (a copy)."""
     from aggregator.state import Doubler
-    from ingest.batch import ReportBatch, slice_batch
-    from ingest.schema import TelemetrySchema
+    from ingest.client.batch import ReportBatch, slice_batch
+    from ingest.client.schema import TelemetrySchema
     from tests.aggregator._state_support import make_batch, make_schema
 
     schema = make_schema()

@@ -11,9 +11,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.batch import ReportBatch
-from ingest.codec import ImpossibleReportError, OutOfRangeError, encode, numeric_span
-from ingest.event_time import MAX_EVENT_TIME
+from ingest.client.batch import ReportBatch
+from ingest.client.bounds import numeric_span
+from ingest.client.codec import ImpossibleReportError, OutOfRangeError, encode
+from ingest.client.event_time import MAX_EVENT_TIME
 from mechanisms.uldp import SparseBits
 from tests.integration import chaos_support as cs
 

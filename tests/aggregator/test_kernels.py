@@ -127,7 +127,7 @@ def test_counts_state_fast_path_equals_mechanism_and_refuses_two_public_bits():
 def test_jit_compiles_in_process_where_numba_cannot_cache(caplog):
     """numba refuses ``cache=True`` at import where it finds no writable cache directory (here:
     a function whose source is ``<string>``); the loops then compile per process, with a warning."""
-    from ingest._numba import jit
+    from ingest.jit import jit
 
     ns: dict = {}
     exec("def f(x):\n    return x + 1\n", ns)
@@ -139,9 +139,9 @@ def test_jit_compiles_in_process_where_numba_cannot_cache(caplog):
 def test_warm_all_compiles_every_kernel():
     from aggregator.state import _renewable_kernel
     from aggregator.warm import warm_all
-    from ingest import _decode_kernel
+    from ingest.client import decode_kernel
 
     warm_all()
-    for fn in (_decode_kernel.scan, _decode_kernel.fill, _kernels._sl_rows, _kernels.histogram3,
+    for fn in (decode_kernel.scan, decode_kernel.fill, _kernels._sl_rows, _kernels.histogram3,
                _renewable_kernel.renew_blocks):
         assert fn.signatures, fn

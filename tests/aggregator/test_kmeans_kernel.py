@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aggregator.state import build_state
-from ingest.batch import slice_batch
+from ingest.client.batch import slice_batch
 from tests.aggregator._state_support import stream_state
 from tests.aggregator.test_mixture_state import _reports, _schema
 

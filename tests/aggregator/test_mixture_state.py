@@ -13,8 +13,8 @@ from aggregator.analyze import Replay, analyze_query
 from aggregator.errors import ConfigError
 from aggregator.queries import parse_query
 from aggregator.state import build_state
-from ingest.batch import ReportBatch
-from ingest.schema import TelemetrySchema
+from ingest.client.batch import ReportBatch
+from ingest.client.schema import TelemetrySchema
 from mechanisms.mixtures import fit_kmeans, match_components
 from mechanisms.mixtures.components import permute_fit
 from tests.aggregator._state_support import make_schema

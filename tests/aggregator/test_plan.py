@@ -80,7 +80,7 @@ def test_serve_and_analyze_do_not_import_the_worker_loop(module):
     """What ``serve`` and ``analyze`` import to run (the plan, checkpoints, topics, clients) does
     not pull in ``aggregator.worker``."""
     code = (f"import sys, {module}, aggregator.plan, aggregator.topics, aggregator.checkpoint, "
-            "aggregator.serve, aggregator.analyze, ingest.clients\n"
+            "aggregator.serve, aggregator.analyze, ingest.kafka.clients\n"
             "print([m for m in sys.modules if m.startswith('aggregator.worker')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

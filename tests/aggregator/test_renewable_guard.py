@@ -20,7 +20,7 @@ import pytest
 
 from aggregator.errors import StateError
 from aggregator.state import State, build_state
-from ingest.batch import ReportBatch
+from ingest.client.batch import ReportBatch
 from mechanisms.renewable import RenewableFit, is_positive_definite
 from tests.aggregator._state_support import make_batch, make_schema
 

@@ -29,8 +29,8 @@ from scipy import stats
 
 from aggregator.errors import EmptyStateError
 from aggregator.state import State, build_state
-from ingest.batch import ReportBatch
-from ingest.schema import TelemetrySchema
+from ingest.client.batch import ReportBatch
+from ingest.client.schema import TelemetrySchema
 from mechanisms.estimation import m_estimate
 from mechanisms.losses import LogisticLoss, QuantileRegressionLoss
 from mechanisms.renewable import BANDWIDTH_C, BANDWIDTH_POWER, kink_bandwidth

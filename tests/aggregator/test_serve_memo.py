@@ -11,8 +11,8 @@ import pytest
 from aggregator.queries import FrequencyQuery, MeanQuery
 from aggregator.serve import estimate_payload, memoized_fields
 from aggregator.state.registry import build_state
-from ingest.privatizer import Privatizer
-from ingest.schema import TelemetrySchema
+from ingest.client.privatizer import Privatizer
+from ingest.client.schema import TelemetrySchema
 
 
 def _schema(memo_a: bool, memo_c: bool) -> TelemetrySchema:

@@ -17,7 +17,7 @@ from aggregator.serve import EstimateStore, build_app
 from aggregator.worker import PartitionState
 from aggregator.worker.checkpointing import Checkpointer
 from aggregator.worker.threads import OverlapThreads
-from ingest.event_time import iso_utc
+from ingest.client.event_time import iso_utc
 from tests.aggregator.window_support import HOUR, T0, plain_state, take, timed, windowed_runtime
 from tests.aggregator.worker_support import FakeProducer
 from tests.http_server import ServedApp

@@ -182,7 +182,7 @@ def test_batch_checks(schema, data):
         st.update(batch)
     with pytest.raises(StateError, match="shape"):
         st.update(batch, x2[:10])
-    from ingest.batch import ReportBatch
+    from ingest.client.batch import ReportBatch
 
     alien = ReportBatch(b"\x00" * 16, batch.numeric, dict(batch.categorical))
     with pytest.raises(StateError, match="fingerprint"):
@@ -290,7 +290,7 @@ WIDS = [q["name"] for q in WINDOWED]
 
 @pytest.fixture(scope="module")
 def timed(data):
-    from ingest.batch import with_event_time
+    from ingest.client.batch import with_event_time
 
     batch, x2, _ = data
     t = np.sort(np.random.default_rng(20240602).integers(_T0, _T0 + 4 * _DAY, batch.n)).astype(np.int64)
@@ -299,7 +299,7 @@ def timed(data):
 
 def _rows(batch, x2, idx):
     """The reports ``idx`` (ascending) of ``batch`` and their x2, with event times."""
-    from ingest.batch import ReportBatch
+    from ingest.client.batch import ReportBatch
 
     cat = {k: (col.take(idx) if hasattr(col, "take") else col[idx]) for k, col in batch.categorical.items()}
     return ReportBatch(batch.fingerprint, batch.numeric[idx], cat, batch.event_time[idx]), x2[idx]
@@ -360,7 +360,7 @@ def test_windowed_update_estimate(qd, schema, timed):
 @pytest.mark.parametrize("qd", WINDOWED, ids=WIDS)
 def test_windowed_bytes_round_trip(qd, schema, timed):
     from aggregator.state.windowed import WindowedState
-    from ingest.batch import with_event_time
+    from ingest.client.batch import with_event_time
 
     batch, x2 = timed
     st = build_state(qd, schema).update(batch, x2)

@@ -121,7 +121,7 @@ def test_histogram_quantile_ci_contains_an_atom_median():
     fall in the atom's bin; without rounding them outwards to the bin edges the interval sat
     strictly inside that bin and excluded 5 (as on the flights' integer minutes).
     """
-    from ingest.batch import ReportBatch
+    from ingest.client.batch import ReportBatch
 
     for seed in range(5):
         rng = np.random.default_rng(777 + seed)

@@ -33,7 +33,7 @@ def test_an_empty_cache_lists_every_kernel_and_a_compiled_one_drops_out(tmp_path
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.splitlines()[-1])
-    for name in ("ingest._decode_kernel.scan", "aggregator.state._kernels.moments_batch",
+    for name in ("ingest.client.decode_kernel.scan", "aggregator.state._kernels.moments_batch",
                  "aggregator.state._renewable_kernel.renew_blocks",
                  "aggregator.state._kmeans_kernel.renew_kmeans_blocks"):
         assert name in res["before"], name

@@ -16,7 +16,7 @@ from aggregator.state import STATE_CLASSES, State, build_state
 from aggregator.state.registry import known_classes, state_class
 from aggregator.state.serialize import FORMAT_MAGIC, query_digest
 from aggregator.state.windowed import WindowedState
-from ingest.batch import slice_batch
+from ingest.client.batch import slice_batch
 from tests.aggregator._state_support import make_batch, make_schema
 from tests.aggregator.window_support import take, timed
 

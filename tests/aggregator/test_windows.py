@@ -19,7 +19,7 @@ from aggregator.windows import (
     merge_panes,
     window_rows,
 )
-from ingest.event_time import iso_utc
+from ingest.client.event_time import iso_utc
 from tests.aggregator.window_support import T0, plain_state, timed, windowed_runtime
 
 M = {"kind": "mean", "name": "m", "field": "a", "window": {"size": "20s", "hop": "10s"}}

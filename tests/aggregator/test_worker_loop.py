@@ -397,7 +397,7 @@ def test_shutdown_closes_the_clients_within_a_limit_and_flags_a_failed_final_che
     checkpoint that fails sets ``final_checkpoint_failed`` (the CLI exits 1 on it)."""
     from kafka import TopicPartition
 
-    from ingest.kafka import CLOSE_TIMEOUT_S
+    from ingest.kafka.settings import CLOSE_TIMEOUT_S
 
     consumer = GroupConsumer()
     consumer.close = lambda autocommit=True, timeout_ms=None: consumer.closed.append(timeout_ms)

@@ -17,7 +17,7 @@ from aggregator.checkpoint import Checkpoint, pane_key, parse_state_key
 from aggregator.config import PipelineConfig
 from aggregator.state import STATE_CLASSES, State, build_state
 from aggregator.worker import PartitionState, PipelineRuntime
-from ingest.batch import with_event_time
+from ingest.client.batch import with_event_time
 from tests.aggregator._state_support import make_schema
 from tests.aggregator.worker_support import (
     FakeFuture,
@@ -223,8 +223,8 @@ def test_without_windowed_queries_event_times_are_not_needed():
 def test_event_times_of_a_time_column_and_a_device_in_2099(records):
     """The flights schema sends its time column (time_hour, 1 h) with the reports: those are the
     event times, not the Kafka timestamps; a record holding a report dated 2099 is dead-lettered."""
-    from ingest.codec import encode
-    from ingest.privatizer import Privatizer
+    from ingest.client.codec import encode
+    from ingest.client.privatizer import Privatizer
 
     rt = config_runtime(ps.SCHEMA, QUERIES.replace('"a"', '"arr_delay"').replace('"c"\n', '"carrier"\n'))
     schema = rt.schema

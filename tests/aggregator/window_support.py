@@ -9,7 +9,7 @@ from aggregator.plan import PipelineRuntime
 from aggregator.queries import parse_query
 from aggregator.state import build_state, state_from_bytes
 from aggregator.state.registry import state_class
-from ingest.batch import ReportBatch, with_event_time
+from ingest.client.batch import ReportBatch, with_event_time
 from mechanisms.uldp.sparse import SparseBits
 from tests.aggregator._state_support import make_batch, make_schema
 

@@ -37,7 +37,7 @@ def test_simulate_matches_the_stated_truth():
 
 
 def test_one_rep_online_and_batch_estimate_every_query():
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
 
     schema = TelemetrySchema.from_dict(efficiency.SCHEMA)
     out = efficiency.one_rep(schema, schema.zil_mechanism(), efficiency.batch_problems(), 20_000, seed=3,

@@ -1,4 +1,4 @@
-"""The one reader of a user's text file (``ingest._files``): the message of each failure, as the
+"""The one reader of a user's text file (``ingest.files``): the message of each failure, as the
 schema, the pipeline config and ``produce --kafka-config`` report it."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 
 from aggregator.config import PipelineConfig
 from aggregator.errors import ConfigError
-from ingest._files import read_toml_file
+from ingest.client.schema import TelemetrySchema
 from ingest.errors import SchemaError
-from ingest.schema import TelemetrySchema
+from ingest.files import read_toml_file
 
 
 class _Refused(Exception):

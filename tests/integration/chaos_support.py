@@ -50,9 +50,9 @@ renewable = { warm_up = 1000, batch_size = 200 }
 def make_stream(schema, n_records: int = N_RECORDS, per_record: int = PER_RECORD,
                 seed: int = 20240901) -> list[bytes]:
     """``n_records`` encoded records of ``per_record`` reports, privatized in one vectorised pass."""
-    from ingest.codec import encode
-    from ingest.privatizer import Privatizer
-    from ingest.producer import slice_batch
+    from ingest.client.codec import encode
+    from ingest.client.privatizer import Privatizer
+    from ingest.kafka.producer import slice_batch
 
     rng = np.random.default_rng(seed)
     m = n_records * per_record
@@ -85,8 +85,8 @@ class Producer(threading.Thread):
         self.started_at = self.finished_at = 0.0
 
     def run(self) -> None:
-        from ingest.clients import producer_client
-        from ingest.kafka import KafkaSettings
+        from ingest.kafka.clients import producer_client
+        from ingest.kafka.settings import KafkaSettings
 
         self.started_at = time.monotonic()
         kw = {"acks": "all", "max_request_size": 8 << 20, **self.producer_kw}

@@ -1,12 +1,12 @@
 """Fixtures for integration tests against a real Kafka-protocol broker (embedded Tansu, docs/kafka.md §1).
 
-* ``broker`` (session scope): one running :class:`ingest.broker.EmbeddedBroker` on 127.0.0.1 with
+* ``broker`` (session scope): one running :class:`ingest.local.broker.EmbeddedBroker` on 127.0.0.1 with
   a free port, stopped (and its process reaped) at the end of the session, also when tests fail.
 * ``bootstrap_servers`` (session scope): its ``"127.0.0.1:PORT"``.
 * ``topic_name`` (function scope): ``topic_name(prefix="t") -> str`` makes topic names unique to the
   test (tests share one broker, so never reuse a topic name across tests).
 * ``fast_group_settings`` (session scope): consumer kwargs for fast consumer-group joins
-  (``ingest.kafka.FAST_GROUP_SETTINGS``: ~3 s joins against Tansu instead of ~20 s).
+  (``ingest.kafka.settings.FAST_GROUP_SETTINGS``: ~3 s joins against Tansu instead of ~20 s).
 
 Every test in this directory is marked ``integration`` automatically.
 """
@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from ingest.broker import EmbeddedBroker
-from ingest.kafka import FAST_GROUP_SETTINGS
+from ingest.kafka.settings import FAST_GROUP_SETTINGS
+from ingest.local.broker import EmbeddedBroker
 
 _counter = itertools.count()
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from aggregator.metrics import metric_value, read_metrics  # noqa: F401  (tests call ps.metric_value)
-from ingest.clients import admin_client, producer_client
-from ingest.kafka import KafkaSettings
-from ingest.processes import spawn_process, stop_process
+from ingest.kafka.clients import admin_client, producer_client
+from ingest.kafka.settings import KafkaSettings
+from ingest.local.processes import spawn_process, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "examples" / "flights.schema.toml"
@@ -151,8 +151,8 @@ def with_event_times(schema, cols: dict, rng, **kw) -> dict:
 
 def make_records(schema, n_records: int, per_record: int, seed: int) -> list[bytes]:
     """``n_records`` encoded batches of ``per_record`` privatized synthetic flights."""
-    from ingest.codec import encode
-    from ingest.privatizer import Privatizer
+    from ingest.client.codec import encode
+    from ingest.client.privatizer import Privatizer
 
     rng = np.random.default_rng(seed)
     priv = Privatizer(schema, rng=rng)
@@ -321,7 +321,7 @@ def read_dead_letters(bootstrap: str, topic: str, expected: int, timeout: float 
     a second — so that one too many is seen."""
     from kafka import TopicPartition
 
-    from ingest.clients import consumer_client
+    from ingest.kafka.clients import consumer_client
 
     c = consumer_client(KafkaSettings(bootstrap_servers=bootstrap), enable_auto_commit=False,
                         auto_offset_reset="earliest", max_partition_fetch_bytes=32 << 20,

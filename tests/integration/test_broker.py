@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from ingest.broker import EmbeddedBroker
-from ingest.clients import admin_client
 from ingest.errors import BrokerError, ConfigError
-from ingest.kafka import KafkaSettings
-from ingest.processes import free_port
+from ingest.kafka.clients import admin_client
+from ingest.kafka.settings import KafkaSettings
+from ingest.local.broker import EmbeddedBroker
+from ingest.local.processes import free_port
 
 
 def _alive(pid: int) -> bool:
@@ -163,7 +163,7 @@ def test_broker_dies_with_killed_parent():
     code = textwrap.dedent(
         """
         import sys, time
-        from ingest.broker import EmbeddedBroker
+        from ingest.local.broker import EmbeddedBroker
         b = EmbeddedBroker().start()
         print(b.pid, b.log_path.parent, flush=True)
         time.sleep(120)

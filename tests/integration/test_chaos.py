@@ -27,8 +27,8 @@ import pytest
 
 from aggregator.config import PipelineConfig
 from aggregator.worker import PipelineRuntime
-from ingest.broker import EmbeddedBroker
-from ingest.processes import free_port
+from ingest.local.broker import EmbeddedBroker
+from ingest.local.processes import free_port
 from tests.integration import chaos_support as cs
 from tests.integration import pipeline_support as ps
 
@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300
 @pytest.fixture(scope="module")
 def stream():
     """The 10⁵-report stream (schema and 1000 encoded records), built once per module."""
-    from ingest.schema import TelemetrySchema
+    from ingest.client.schema import TelemetrySchema
 
     schema = TelemetrySchema.load(ps.SCHEMA)
     return schema, cs.make_stream(schema)

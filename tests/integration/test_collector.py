@@ -27,10 +27,11 @@ from aggregator.collector.config import CollectorSection
 from aggregator.collector.forward import PRODUCER_OPTIONS
 from aggregator.collector.readback import BATCH_ID_HEADER, batch_id, partition_of
 from aggregator.collector.tokens import TokenStore, mint_token
-from ingest.clients import topic_records, topic_values
-from ingest.http_protocol import CONTENT_TYPE
-from ingest.kafka import KafkaSettings, ensure_topic
-from ingest.transport import KafkaPythonTransport
+from ingest.device.http_protocol import CONTENT_TYPE
+from ingest.kafka.clients import topic_records, topic_values
+from ingest.kafka.settings import KafkaSettings
+from ingest.kafka.topics import ensure_topic
+from ingest.kafka.transport import KafkaPythonTransport
 from tests.aggregator.collector_support import body, metric
 from tests.http_server import ServedApp
 
@@ -176,8 +177,8 @@ def test_readyz_follows_a_frozen_broker_and_the_accepted_counter_the_topic(tmp_p
     ``/readyz`` 503 within a probe; once it is thawed the collector is ready again, the batch
     refused during the outage is delivered once, and ``ldp_collector_reports_accepted_total``
     equals the reports in the topic."""
-    from ingest.broker import EmbeddedBroker
-    from ingest.codec import decode
+    from ingest.client.codec import decode
+    from ingest.local.broker import EmbeddedBroker
     from tests.aggregator.collector_support import SCHEMA
 
     def until(fn, what: str, timeout_s: float):
@@ -290,12 +291,12 @@ def test_the_cli_starts_prints_its_url_forwards_and_stops_on_sigterm(tmp_path, b
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_the_device_sender_delivers_over_https_once(tmp_path, bootstrap_servers, topic_name):
-    """The real device side (ingest.sender) against the real collector over TLS: every report
+    """The real device side (ingest.device.sender) against the real collector over TLS: every report
     lands once, in records of reports_per_batch reports."""
-    from ingest.batch import concat_batches
-    from ingest.codec import decode
-    from ingest.privatizer import Privatizer
-    from ingest.sender import CollectorSender
+    from ingest.client.batch import concat_batches
+    from ingest.client.codec import decode
+    from ingest.client.privatizer import Privatizer
+    from ingest.device.sender import CollectorSender
     from tests.aggregator.collector_support import SCHEMA
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"

@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 
-from ingest.processes import port_is_free
+from ingest.local.processes import port_is_free
 
 pytestmark = pytest.mark.slow
 

@@ -73,7 +73,7 @@ def _final_states(bootstrap, cfg, runtime, records, where):
 
 def test_sigkill_mid_stream_then_restart(tmp_path, bootstrap_servers, topic_name):
     cfg_path, cfg, runtime, records = _setup(tmp_path, bootstrap_servers, topic_name, seed=21)
-    from ingest.processes import free_port
+    from ingest.local.processes import free_port
 
     port = free_port()
     log = tmp_path / "worker.log"
@@ -107,7 +107,7 @@ def test_sigkill_mid_stream_then_restart(tmp_path, bootstrap_servers, topic_name
 
 def test_second_worker_joins_and_leaves_mid_stream(tmp_path, bootstrap_servers, topic_name):
     cfg_path, cfg, runtime, records = _setup(tmp_path, bootstrap_servers, topic_name, seed=22)
-    from ingest.processes import free_port
+    from ingest.local.processes import free_port
 
     port = free_port()
     log = tmp_path / "worker.log"
@@ -161,7 +161,7 @@ def test_sigterm_during_a_join_leaves_the_group_usable(tmp_path, bootstrap_serve
     because a second worker joined) — leaves by disconnecting, so the other worker gets every
     partition. With a ``LeaveGroup`` at that moment, Tansu kept the group in rebalance for good
     (docs/kafka.md)."""
-    from ingest.processes import free_port
+    from ingest.local.processes import free_port
 
     cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
     cfg = PipelineConfig.load(cfg_path)

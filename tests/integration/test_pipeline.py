@@ -83,7 +83,7 @@ def test_serve_cli_over_http(tmp_path, bootstrap_servers, topic_name):
     import sys
     import time
 
-    from ingest.processes import free_port, spawn_process
+    from ingest.local.processes import free_port, spawn_process
 
     cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=2)
     cfg = PipelineConfig.load(cfg_path)

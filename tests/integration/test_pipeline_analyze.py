@@ -24,8 +24,8 @@ def test_analyze_replays_topic_and_fits(tmp_path, bootstrap_servers, topic_name,
     runtime = PipelineRuntime.from_config(cfg)
     records = ps.make_records(cfg.telemetry_schema, n_records=60, per_record=100, seed=31)
     where = ps.produce(bootstrap_servers, cfg.topics.reports, [*records, b"junk" * 10], partitions=3)
-    from ingest.clients import producer_client
-    from ingest.kafka import KafkaSettings
+    from ingest.kafka.clients import producer_client
+    from ingest.kafka.settings import KafkaSettings
 
     with_key = producer_client(KafkaSettings(bootstrap_servers=bootstrap_servers))
     with_key.send(cfg.topics.reports, key=b"k", value=None, partition=0).get(10)  # no value

@@ -13,9 +13,9 @@ from aggregator.config import PipelineConfig
 from aggregator.metrics import WorkerMetrics
 from aggregator.serve import merge_checkpoints
 from aggregator.worker import PipelineRuntime, ensure_topics, worker_from_config
-from ingest.clients import producer_client, reader_client
-from ingest.kafka import KafkaSettings
-from ingest.schema import TelemetrySchema
+from ingest.client.schema import TelemetrySchema
+from ingest.kafka.clients import producer_client, reader_client
+from ingest.kafka.settings import KafkaSettings
 from tests.integration import pipeline_support as ps
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -20,8 +20,8 @@ import pytest
 
 from aggregator.config import PipelineConfig
 from aggregator.worker import PipelineRuntime
-from ingest.codec import DECODE_REASONS
-from ingest.processes import free_port
+from ingest.client.codec import DECODE_REASONS
+from ingest.local.processes import free_port
 from tests.integration import chaos_support as cs
 from tests.integration import pipeline_support as ps
 
@@ -116,11 +116,11 @@ def _rss_mb(pid: int) -> float:
 
 def test_poison_corpus_is_dead_lettered_and_good_reports_counted(request, tmp_path, bootstrap_servers,
                                                                topic_name):
-    from ingest.clients import producer_client
-    from ingest.codec import encode
-    from ingest.kafka import KafkaSettings
-    from ingest.privatizer import Privatizer
-    from ingest.schema import TelemetrySchema
+    from ingest.client.codec import encode
+    from ingest.client.privatizer import Privatizer
+    from ingest.client.schema import TelemetrySchema
+    from ingest.kafka.clients import producer_client
+    from ingest.kafka.settings import KafkaSettings
 
     # glibc's own allocator settings (malloc_trim_threshold_mib = 0): the RSS bound below is about
     # memory the worker holds, not the freed fetch buffers the default setting keeps (≤ 128 MiB)

@@ -36,9 +36,9 @@ from aggregator.collector.tokens import mint_token
 from aggregator.config import PipelineConfig
 from aggregator.metrics import metric_totals
 from aggregator.worker import PipelineRuntime
-from ingest.codec import decode, encode
-from ingest.http_protocol import CONTENT_TYPE
-from ingest.processes import free_port
+from ingest.client.codec import decode, encode
+from ingest.device.http_protocol import CONTENT_TYPE
+from ingest.local.processes import free_port
 from tests.integration import chaos_support as cs
 from tests.integration import pipeline_support as ps
 from tests.integration.refusing_loss import LIMIT
@@ -132,8 +132,8 @@ def _month_ahead(schema):
 
 
 def test_poison_in_a_stream_through_collector_and_kafka(request, tmp_path, bootstrap_servers, topic_name):
-    from ingest.clients import producer_client, topic_records
-    from ingest.kafka import KafkaSettings
+    from ingest.kafka.clients import producer_client, topic_records
+    from ingest.kafka.settings import KafkaSettings
 
     cfg_path = ps.write_config(tmp_path, bootstrap_servers, topic_name, partitions=cs.PARTITIONS,
                                checkpoint_interval_s=0.3, extra_queries=EXTRA_QUERIES)

@@ -13,14 +13,16 @@ import pytest
 from kafka import TopicPartition
 
 from aggregator.demo.flights import open_source
-from ingest.broker import EmbeddedBroker
-from ingest.clients import consumer_client
-from ingest.codec import decode
+from ingest.client.codec import decode
+from ingest.client.schema import TelemetrySchema
 from ingest.errors import ProducerError
-from ingest.kafka import KafkaSettings, ensure_topic, high_watermarks
-from ingest.processes import free_port
-from ingest.producer import ReportProducer, concat_batches
-from ingest.schema import TelemetrySchema
+from ingest.kafka.clients import consumer_client
+from ingest.kafka.offsets import high_watermarks
+from ingest.kafka.producer import ReportProducer, concat_batches
+from ingest.kafka.settings import KafkaSettings
+from ingest.kafka.topics import ensure_topic
+from ingest.local.broker import EmbeddedBroker
+from ingest.local.processes import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -102,11 +104,11 @@ def test_exactly_10k_reports_batched(broker, topic_name, schema, flight_columns)
     """10^4 reports in records of 1000 arrive exactly once, in order per record, same fingerprint."""
     topic = topic_name("reports10k")
     rng = np.random.default_rng(7)
-    from ingest.privatizer import Privatizer
+    from ingest.client.privatizer import Privatizer
 
     batch = Privatizer(schema, rng).privatize_batch(flight_columns, on_invalid="skip")
     assert batch.n >= 10_000
-    from ingest.producer import slice_batch
+    from ingest.kafka.producer import slice_batch
 
     batch = slice_batch(batch, 0, 10_000)
     with ReportProducer(broker.bootstrap_servers, topic, schema, reports_per_record=1000, partitions=4,
@@ -164,10 +166,10 @@ def test_broker_death_gives_exact_undelivered_count(schema, flight_columns, monk
     # kafka-python's warnings carry exceptions whose tracebacks hold the sockets it leaked; keep them
     # out of pytest's log capture so the sockets are collected (below) while our filters apply
     monkeypatch.setattr(logging.getLogger("kafka"), "propagate", False)
-    from ingest.privatizer import Privatizer
+    from ingest.client.privatizer import Privatizer
 
     batch = Privatizer(schema, np.random.default_rng(11)).privatize_batch(flight_columns, on_invalid="skip")
-    from ingest.producer import slice_batch
+    from ingest.kafka.producer import slice_batch
 
     with EmbeddedBroker() as b:
         p = ReportProducer(b.bootstrap_servers, "doomed", schema, reports_per_record=100, partitions=2,

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from ingest.broker import EmbeddedBroker
+from ingest.client.schema import TelemetrySchema
 from ingest.errors import ProducerError
-from ingest.processes import free_port
-from ingest.producer import ReportProducer, slice_batch
-from ingest.schema import TelemetrySchema
+from ingest.kafka.producer import ReportProducer, slice_batch
+from ingest.local.broker import EmbeddedBroker
+from ingest.local.processes import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,8 +36,8 @@ def schema():
 
 @pytest.fixture(scope="module")
 def reports(schema):
-    from ingest.codec import decode
-    from ingest.producer import concat_batches
+    from ingest.client.codec import decode
+    from ingest.kafka.producer import concat_batches
     from tests.integration.chaos_support import make_stream
 
     recs = make_stream(schema, n_records=60, per_record=100, seed=3)
@@ -48,9 +48,9 @@ def _count_in_topic(bootstrap: str, topic: str, schema, settle_s: float = 2.0) -
     """Reports actually stored in ``topic`` (all partitions, from the beginning)."""
     from kafka import TopicPartition
 
-    from ingest.clients import reader_client
-    from ingest.codec import decode
-    from ingest.kafka import KafkaSettings
+    from ingest.client.codec import decode
+    from ingest.kafka.clients import reader_client
+    from ingest.kafka.settings import KafkaSettings
 
     c = reader_client(KafkaSettings(bootstrap_servers=bootstrap))
     try:
@@ -72,7 +72,7 @@ def _count_in_topic(bootstrap: str, topic: str, schema, settle_s: float = 2.0) -
 
 def test_broker_down_at_start_bounded_backoff_clear_error(schema, caplog):
     port = free_port()
-    with caplog.at_level(logging.WARNING, logger="ingest.producer"), \
+    with caplog.at_level(logging.WARNING, logger="ingest.kafka.producer"), \
             pytest.raises(ProducerError) as ei:
         ReportProducer(f"127.0.0.1:{port}", "reports", schema, max_retries=4, retry_backoff_s=0.05)
     msg = str(ei.value)

@@ -11,14 +11,14 @@ from aggregator.checkpoint import StateTopicReader
 from aggregator.config import PipelineConfig
 from aggregator.serve import EstimateStore
 from aggregator.worker import PipelineRuntime
-from ingest.broker import EmbeddedBroker
+from ingest.local.broker import EmbeddedBroker
 from tests.integration import pipeline_support as ps
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def test_readiness_follows_a_frozen_broker(tmp_path, topic_name):
-    from ingest.kafka import KafkaSettings
+    from ingest.kafka.settings import KafkaSettings
 
     with EmbeddedBroker(startup_timeout=30.0) as broker:
         cfg = PipelineConfig.load(ps.write_config(tmp_path, broker.bootstrap_servers, topic_name))

@@ -37,9 +37,9 @@ import pytest
 from aggregator.config import PipelineConfig
 from aggregator.metrics import WorkerMetrics
 from aggregator.worker import PipelineRuntime, ensure_topics, worker_from_config
-from ingest.clients import producer_client
-from ingest.kafka import KafkaSettings
-from ingest.processes import free_port, spawn_process, stop_process
+from ingest.kafka.clients import producer_client
+from ingest.kafka.settings import KafkaSettings
+from ingest.local.processes import free_port, spawn_process, stop_process
 from tests.integration import pipeline_support as ps
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
@@ -138,8 +138,8 @@ def _truth(streams) -> SimpleNamespace:
 
 
 def _encode(schema, times: np.ndarray, rng) -> bytes:
-    from ingest.codec import encode
-    from ingest.privatizer import Privatizer
+    from ingest.client.codec import encode
+    from ingest.client.privatizer import Privatizer
 
     priv = Privatizer(schema, rng=rng)
     m = len(times)
