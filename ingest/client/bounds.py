@@ -14,7 +14,7 @@ from ingest.errors import ImpossibleReportError, OutOfRangeError
 from mechanisms.uldp.sparse import SparseBits
 
 __all__ = ["NUMERIC_REPORT_SPAN", "check_non_sensitive", "check_numeric_span", "non_sensitive_mask",
-           "numeric_span"]
+           "numeric_outside", "numeric_span"]
 
 #: How many noise standard deviations (``λ·(high − low)``, docs/mechanisms.md §1.2) a numeric
 #: report may lie outside its field's ``[low, high]``. A ZIL report exceeds ``t`` of them with
@@ -44,6 +44,12 @@ def numeric_span(schema: TelemetrySchema) -> tuple[np.ndarray, np.ndarray]:
     return out
 
 
+def numeric_outside(schema: TelemetrySchema, numeric: np.ndarray) -> np.ndarray:
+    """bool ``(n, d)``: where numeric reports ``(n, d)`` lie outside :func:`numeric_span`."""
+    lo, hi = numeric_span(schema)
+    return (numeric < lo) | (numeric > hi)
+
+
 def check_numeric_span(schema: TelemetrySchema, numeric: np.ndarray) -> None:
     """Refuse numeric reports ``(n, d)`` (finite) outside :func:`numeric_span`.
 
@@ -54,9 +60,9 @@ def check_numeric_span(schema: TelemetrySchema, numeric: np.ndarray) -> None:
     """
     if not numeric.size:
         return
-    lo, hi = numeric_span(schema)
-    outside = (numeric < lo) | (numeric > hi)
+    outside = numeric_outside(schema, numeric)
     if outside.any():
+        lo, hi = numeric_span(schema)
         i, j = np.argwhere(outside)[0]
         raise OutOfRangeError(
             f"numeric field {schema.numeric_names[j]!r}: report {i} is {numeric[i, j]:g}, outside "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingest.client.bounds import non_sensitive_mask, numeric_span
+from ingest.client.bounds import non_sensitive_mask, numeric_outside
 from ingest.client.encode import (
     BLOCK,
     FORMAT_VERSION,
@@ -354,10 +354,8 @@ def decode_bulk(values, schema, max_reports: int, max_bytes: int):
     if fill(buf, starts, ns, lay, d, is_codes, slot, ks, numeric, codes, offsets, indices, ibase,
             _POPCOUNT, _BITPOS, max_positions, tlay, time_res, event_time, nsmask, nsbyte):
         return None
-    if numeric.size:  # numbers no report takes (``bounds.check_numeric_span``): named in Python
-        lo, hi = numeric_span(schema)
-        if (numeric < lo).any() or (numeric > hi).any():
-            return None
+    if numeric.size and numeric_outside(schema, numeric).any():
+        return None  # numbers no report takes (``bounds.check_numeric_span``): named in Python
     columns = []
     for j in range(ncat):
         s = int(slot[j])
